@@ -1,0 +1,18 @@
+"""dp_beam: differentially private continual release over event streams, as Beam transforms.
+
+Engine-free mechanisms live in :mod:`dp_beam.mechanisms`; the Beam transforms
+(:class:`ContinualCount`, :class:`ContinualSum`, :class:`CombineAccounting`)
+are thin adapters around them.
+"""
+
+from dp_beam import io, mechanisms, records
+from dp_beam.accounting import Budget
+from dp_beam.records import AccountingReport, InvalidElement, LedgerEntry, Release
+from dp_beam.transforms import (CombineAccounting, ContinualCount, ContinualResult,
+                                ContinualSum, plan)
+
+__version__ = "0.1.0"
+
+__all__ = ["AccountingReport", "Budget", "CombineAccounting", "ContinualCount",
+           "ContinualResult", "ContinualSum", "InvalidElement", "LedgerEntry", "Release", "io",
+           "mechanisms", "plan", "records"]

@@ -1,0 +1,69 @@
+"""Privacy budgets: the limit a pipeline's composed cost is checked against."""
+
+import math
+from typing import Optional
+
+
+def _check_nonnegative(name, value, allow_none=True):
+    if value is None and allow_none:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"{name} must be a number, got {value!r}")
+    if not math.isfinite(value) or value < 0:
+        raise ValueError(f"{name} must be finite and >= 0, got {value!r}")
+    return float(value)
+
+
+class Budget:
+    """A privacy budget in pure/approximate DP (``epsilon``, ``delta``) or zCDP (``rho``).
+
+    ``Budget(epsilon=1.0)`` admits pure-ε plans only (δ = 0);
+    ``Budget(epsilon=1.0, delta=1e-6)`` admits (ε, δ) plans; ``Budget(rho=0.5)``
+    admits plans whose zCDP costs add up to at most ρ. Both may be given; then
+    both must hold.
+
+    >>> Budget(epsilon=1.0).admits(epsilon=0.4 + 0.6, delta=0.0, rho=0.5)
+    True
+    >>> Budget(epsilon=1.0).admits(epsilon=1.2, delta=0.0, rho=0.72)
+    False
+    """
+
+    # Budgets are compared with sums of floats (0.1 + 0.2 > 0.3); a relative
+    # slack this small cannot be exploited to overspend meaningfully.
+    _REL_SLACK = 1e-9
+
+    def __init__(self, epsilon: Optional[float] = None, delta: float = 0.0,
+                 rho: Optional[float] = None):
+        self.epsilon = _check_nonnegative("epsilon", epsilon)
+        self.delta = _check_nonnegative("delta", delta, allow_none=False)
+        self.rho = _check_nonnegative("rho", rho)
+        if self.epsilon is None and self.rho is None:
+            raise ValueError("Budget needs epsilon or rho")
+        if self.delta >= 1:
+            raise ValueError(f"delta must be < 1, got {delta!r}")
+        if self.epsilon is not None and self.epsilon == 0:
+            raise ValueError("epsilon must be > 0")
+
+    def _fits(self, used, limit):
+        return used <= limit * (1 + self._REL_SLACK) + 1e-15
+
+    def admits(self, epsilon, delta, rho) -> bool:
+        """Whether a composed cost (any part may be None = unbounded) fits."""
+        if self.epsilon is not None:
+            if epsilon is None or delta is None:
+                return False
+            if not (self._fits(epsilon, self.epsilon) and self._fits(delta, self.delta)):
+                return False
+        if self.rho is not None:
+            if rho is None or not self._fits(rho, self.rho):
+                return False
+        return True
+
+    def __repr__(self):
+        parts = []
+        if self.epsilon is not None:
+            parts.append(f"epsilon={self.epsilon!r}")
+            parts.append(f"delta={self.delta!r}")
+        if self.rho is not None:
+            parts.append(f"rho={self.rho!r}")
+        return f"Budget({', '.join(parts)})"

@@ -1,0 +1,5 @@
+"""Sinks for dp_beam records."""
+
+from dp_beam.io.jsonl import WriteInvalid, WriteJsonLines, WriteLedger, WriteReleases, dumps
+
+__all__ = ["WriteInvalid", "WriteJsonLines", "WriteLedger", "WriteReleases", "dumps"]

@@ -1,0 +1,128 @@
+"""Output records of every dp_beam transform.
+
+Records are ``NamedTuple``s: Beam encodes them with a deterministic row coder,
+and ``to_json`` gives the JSON-lines form written by :mod:`dp_beam.io`. Times
+are epoch seconds. The schemas are part of the public contract (DESIGN.md
+"Public API"); ``SCHEMA_VERSION`` changes whenever a field is added or its
+meaning changes.
+"""
+
+import math
+from typing import Any, NamedTuple, Optional
+
+SCHEMA_VERSION = 1
+
+
+class Release(NamedTuple):
+    """One private release of one stream at one time step.
+
+    ``value`` is the noisy running total from the stream's first step through
+    ``step`` (or the per-step difference when the transform was built with
+    ``output="per_step"``). ``noise_std`` is the public standard deviation of the
+    noise in ``value`` and ``ci95`` the half-width of its exact 95 % interval:
+    both are functions of public parameters only.
+    """
+    key: Any
+    step: int
+    window_start: float
+    window_end: float
+    value: float
+    noise_std: float
+    ci95: float
+    mechanism: str
+    transform: str = ""
+    t: int = 0  # 1-based index of the step within its stream
+
+
+class LedgerEntry(NamedTuple):
+    """A privacy charge, emitted on a transform's ``.accounting`` output.
+
+    ``unit`` is the privacy unit (``"event"`` or ``"user"``), ``neighbours``
+    the neighbour relation the guarantee is stated for. ``scope`` names the
+    partition the charge applies to: ``"stream"`` for an unkeyed stream and
+    ``"key"`` for one stream per key, in which case ``key`` says which and the
+    charges of different keys of one transform compose in parallel (each event,
+    and after contribution bounding each user's budget, is split over disjoint
+    keys). ``rho`` is the zCDP cost the same mechanism satisfies.
+    """
+    transform: str
+    unit: str
+    neighbours: str
+    epsilon: float
+    delta: float
+    rho: float
+    mechanism: str
+    scope: str
+    key: Any = None
+    sensitivity: float = 0.0
+    noise: str = ""
+    calibration: str = ""
+    version: int = SCHEMA_VERSION
+
+
+class InvalidElement(NamedTuple):
+    """An input element the transform could not use, with the reason.
+
+    ``count`` is the number of input events the record stands for: 1 for a
+    rejected element; more for a late aggregate dropped under ``late="drop"``
+    (its events were already combined when the lateness became known). Over a
+    whole run, input events = events used + sum of ``count`` over ``.invalid``.
+    """
+    transform: str
+    reason: str
+    element: Any
+    count: int = 1
+
+
+def _jsonable(value):
+    if isinstance(value, float) and not math.isfinite(value):
+        return repr(value)
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    if hasattr(value, "tolist"):  # numpy scalars and arrays
+        return _jsonable(value.tolist())
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    return repr(value)
+
+
+def to_json(record) -> dict:
+    """A JSON-serialisable dict of a record, with ``record`` naming its type.
+
+    Values JSON cannot hold (NaN, infinities, arbitrary objects in an invalid
+    element) are written as their ``repr`` so a dead letter is never lost to a
+    serialisation error.
+    """
+    out = {"record": type(record).__name__}
+    out.update({k: _jsonable(v) for k, v in record._asdict().items()})
+    return out
+
+
+class AccountingReport(NamedTuple):
+    """The composed privacy cost of a set of transforms for one privacy unit.
+
+    ``epsilon``/``delta`` compose by basic sequential composition across
+    transforms and ``rho`` (zCDP) adds; inside one transform, the charges of
+    different keys compose in parallel (the maximum). ``epsilon`` is ``None``
+    when no finite bound for this unit follows from the entries (see
+    ``note``). ``remaining_*`` is the budget minus the cost, ``None`` where the
+    budget does not constrain that quantity. ``lines`` are the ledger entries
+    the report was composed from.
+    """
+    unit: str
+    epsilon: Optional[float]
+    delta: Optional[float]
+    rho: Optional[float]
+    budget_epsilon: Optional[float]
+    budget_delta: Optional[float]
+    budget_rho: Optional[float]
+    remaining_epsilon: Optional[float]
+    remaining_delta: Optional[float]
+    remaining_rho: Optional[float]
+    within_budget: bool
+    transforms: tuple
+    lines: tuple
+    note: str = ""
+    version: int = SCHEMA_VERSION

@@ -1,0 +1,332 @@
+"""``ContinualCount`` and ``ContinualSum``: running totals released every step.
+
+Shape (DESIGN.md "time model"): validate and clamp every event in parallel →
+(user level) cap each user's contributions in keyed state → per-step
+``CombinePerKey`` in event-time fixed windows → one ordered release DoFn per
+stream feeding the tree mechanism (spec withhold_release_and_composition.md
+§1) one aggregate per step, empty steps included.
+
+Privacy cost, stated at construction (``.plan``) and on ``.accounting``:
+each stream's tree is ε-DP (or (ε, δ) / ρ-zCDP with Gaussian noise) for its
+privacy unit, with per-step sensitivity = per-event bound × contributions per
+unit; streams of different keys compose in parallel.
+"""
+
+import datetime
+import math
+import numbers
+from typing import Any, NamedTuple, Tuple
+
+import apache_beam as beam
+from apache_beam.transforms.window import FixedWindows, GlobalWindows
+from apache_beam.utils.timestamp import Duration
+
+from dp_beam.mechanisms import BinaryTreeMechanism, NoiseSource, ZeroNoise
+from dp_beam.records import LedgerEntry, Release
+from dp_beam.transforms.events import INVALID, BoundContributions, PrepareEvents
+from dp_beam.transforms.release import ACCOUNTING, OrderedReleaseDoFn, ReleaseSpec
+
+MECHANISMS = ("tree",)
+PLAN_ATTRIBUTE = "dp_beam_plan"
+
+
+class ContinualResult(NamedTuple):
+    """The outputs of a continual transform."""
+    releases: beam.PCollection
+    accounting: beam.PCollection
+    invalid: beam.PCollection
+
+
+def seconds(name, value, allow_zero=False) -> float:
+    """A length of time given as seconds or ``timedelta``, validated."""
+    if isinstance(value, datetime.timedelta):
+        value = value.total_seconds()
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
+        raise ValueError(f"{name} must be a number of seconds or a timedelta, got {value!r}")
+    if value < 0 or (value == 0 and not allow_zero):
+        raise ValueError(f"{name} must be {'>= 0' if allow_zero else 'positive'}, got {value!r}")
+    return float(value)
+
+
+def _real(name, value) -> float:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
+        raise ValueError(f"{name} must be a finite number, got {value!r}")
+    return float(value)
+
+
+def _callable(name, fn, required=False):
+    if fn is None and not required:
+        return None
+    if not callable(fn):
+        raise ValueError(f"{name} must be callable, got {fn!r}")
+    return fn
+
+
+class _SumCount(beam.CombineFn):
+    """(sum of values, number of events) of one step."""
+
+    def create_accumulator(self):
+        return (0.0, 0)
+
+    def add_input(self, acc, value):
+        return (acc[0] + value, acc[1] + 1)
+
+    def add_inputs(self, acc, values):
+        values = list(values)
+        return (acc[0] + sum(values), acc[1] + len(values))
+
+    def merge_accumulators(self, accs):
+        total, n = 0.0, 0
+        for s, c in accs:
+            total += s
+            n += c
+        return (total, n)
+
+    def extract_output(self, acc):
+        return acc
+
+
+@beam.typehints.with_output_types(Tuple[Any, Tuple[int, Any]])
+class _StepOf(beam.DoFn):
+    """Attaches the epoch-aligned step index of the fixed window."""
+
+    def __init__(self, step_micros):
+        self._step_micros = step_micros
+
+    def process(self, element, window=beam.DoFn.WindowParam):
+        key, aggregate = element
+        yield key, (window.start.micros // self._step_micros, aggregate)
+
+
+class TreeReleaseSpec(ReleaseSpec):
+    """Feeds step totals to a :class:`BinaryTreeMechanism` per stream."""
+
+    def __init__(self, transform, step_seconds, mechanism_args, ledger_template):
+        self.transform = transform
+        self.step_seconds = step_seconds
+        self.horizon = mechanism_args["horizon"]
+        self._args = mechanism_args
+        self._ledger = ledger_template
+
+    def new_mechanism(self, rng):
+        return BinaryTreeMechanism(rng=rng, **self._args)
+
+    def restore(self, state, rng):
+        return BinaryTreeMechanism.from_state(state, rng=rng)
+
+    def release(self, mechanism, key, step, aggregate):
+        value = mechanism.step(aggregate[0])
+        t = mechanism.t
+        yield Release(key=key, step=step, window_start=step * self.step_seconds,
+                      window_end=(step + 1) * self.step_seconds, value=float(value),
+                      noise_std=float(mechanism.noise_std(t)),
+                      ci95=float(mechanism.ci_halfwidth(t)), mechanism=mechanism.name,
+                      transform=self.transform, t=t)
+
+    def ledger(self, key):
+        return [self._ledger._replace(key=key)]
+
+
+class _ContinualTotal(beam.PTransform):
+    """Common construction of ContinualCount and ContinualSum."""
+
+    def __init__(self, epsilon, step, value_fn=None, lower=None, upper=None, *, key_fn=None,
+                 timestamp_fn=None, privacy_unit="event", user_fn=None, max_contributions=None,
+                 mechanism="tree", noise="laplace", delta=None, calibration="zcdp",
+                 horizon=None, allowed_lateness=datetime.timedelta(days=1), late="defer",
+                 hot_key_fanout=None, max_idle_steps=1024, rng=None, label=None):
+        super().__init__(label)
+        self._step = seconds("step", step)
+        self._step_micros = int(round(self._step * 1e6))
+        if self._step_micros < 1:
+            raise ValueError(f"step must be at least one microsecond, got {step!r}")
+        self._value_fn = _callable("value_fn", value_fn)
+        self._lower, self._upper = lower, upper
+        self._key_fn = _callable("key_fn", key_fn)
+        self._timestamp_fn = _callable("timestamp_fn", timestamp_fn)
+        if privacy_unit not in ("event", "user"):
+            raise ValueError(f"privacy_unit must be 'event' or 'user', got {privacy_unit!r}")
+        self._unit = privacy_unit
+        if privacy_unit == "user":
+            self._user_fn = _callable("user_fn", user_fn, required=True)
+            if (isinstance(max_contributions, bool) or not isinstance(max_contributions, int)
+                    or max_contributions < 1):
+                raise ValueError("max_contributions must be an integer >= 1 with "
+                                 f"privacy_unit='user', got {max_contributions!r}")
+        else:
+            if user_fn is not None or max_contributions is not None:
+                raise ValueError("user_fn and max_contributions apply only with "
+                                 "privacy_unit='user'")
+            self._user_fn = None
+        self._max_contributions = max_contributions
+        if mechanism not in MECHANISMS:
+            raise ValueError(f"mechanism must be one of {MECHANISMS}, got {mechanism!r}")
+        self._allowed_lateness = seconds("allowed_lateness", allowed_lateness, allow_zero=True)
+        if late not in ("defer", "drop"):
+            raise ValueError(f"late must be 'defer' or 'drop', got {late!r}")
+        self._late = late
+        if hot_key_fanout is not None and (
+                isinstance(hot_key_fanout, bool) or not isinstance(hot_key_fanout, int)
+                or hot_key_fanout < 1):
+            raise ValueError(f"hot_key_fanout must be an integer >= 1, got {hot_key_fanout!r}")
+        self._fanout = hot_key_fanout
+        if rng is not None and not isinstance(rng, NoiseSource) and (
+                isinstance(rng, bool) or not isinstance(rng, int)):
+            raise ValueError("rng must be None (secure noise), or for tests an int seed or a "
+                             f"dp_beam.mechanisms NoiseSource, got {rng!r}")
+        self._seed = rng
+        if (isinstance(max_idle_steps, bool) or not isinstance(max_idle_steps, int)
+                or max_idle_steps < 1):
+            raise ValueError(f"max_idle_steps must be an integer >= 1, got {max_idle_steps!r}")
+        self._max_idle = max_idle_steps
+
+        per_event = self._per_event_bound()
+        contributions = max_contributions if privacy_unit == "user" else 1
+        self._sensitivity = per_event * contributions
+        self._mechanism_args = dict(epsilon=epsilon, sensitivity=self._sensitivity,
+                                    horizon=horizon, noise=noise, delta=delta,
+                                    calibration=calibration)
+        # Built once here so that every parameter is validated at construction
+        # (the mechanism raises ValueError naming it) and the cost is known.
+        probe = BinaryTreeMechanism(rng=ZeroNoise(), **self._mechanism_args)
+        self._cost = probe.privacy_cost()
+        self._noise, self._calibration = noise, calibration if noise == "gaussian" else ""
+
+    def _per_event_bound(self) -> float:
+        return 1.0
+
+    def _neighbours(self):
+        if self._unit == "user":
+            return (f"add/remove one user's events (at most {self._max_contributions} "
+                    "per user, across all keys)")
+        return "add/remove one event"
+
+    def plan_entry(self, label) -> LedgerEntry:
+        """The ledger entry every stream of this transform charges."""
+        return LedgerEntry(
+            transform=label, unit=self._unit, neighbours=self._neighbours(),
+            epsilon=float(self._cost["epsilon"]), delta=float(self._cost["delta"] or 0.0),
+            rho=float(self._cost["rho"]), mechanism="tree",
+            scope="key" if self._key_fn is not None else "stream", key=None,
+            sensitivity=self._sensitivity, noise=self._noise, calibration=self._calibration)
+
+    def expand(self, events):
+        label = self.label
+        prepared = events | "Validate" >> beam.ParDo(PrepareEvents(
+            label, self._value_fn, self._lower, self._upper, self._key_fn, self._user_fn,
+            self._timestamp_fn)).with_outputs(INVALID, main="valid")
+        invalids = [prepared[INVALID]]
+        valid = prepared.valid
+        if self._unit == "user":
+            bounded = (valid
+                       | "UserWindow" >> beam.WindowInto(GlobalWindows())
+                       | "BoundContributions" >> beam.ParDo(BoundContributions(
+                           label, self._max_contributions)).with_outputs(INVALID, main="kept"))
+            invalids.append(bounded[INVALID])
+            valid = bounded.kept
+
+        combine = beam.CombinePerKey(_SumCount())
+        if self._fanout is not None:
+            combine = combine.with_hot_key_fanout(self._fanout)
+        aggregates = (valid
+                      | "StepWindows" >> beam.WindowInto(
+                          FixedWindows(self._step),
+                          allowed_lateness=Duration(micros=int(self._allowed_lateness * 1e6)))
+                      | "PerStep" >> combine
+                      | "StepIndex" >> beam.ParDo(_StepOf(self._step_micros))
+                      | "Rewindow" >> beam.WindowInto(GlobalWindows()))
+
+        bounded_input = events.is_bounded
+        entry = self.plan_entry(label)
+        spec = TreeReleaseSpec(label, self._step, self._mechanism_args, entry)
+        release_fn = OrderedReleaseDoFn(spec, bounded=bounded_input, late=self._late,
+                                        seed=self._seed, max_idle_steps=self._max_idle)
+        if bounded_input:
+            last_step = (aggregates
+                         | "Steps" >> beam.Map(lambda kv: kv[1][0])
+                         | "LastStep" >> beam.CombineGlobally(max).without_defaults())
+            side = {"last_step": beam.pvalue.AsSingleton(last_step, default_value=None)}
+        else:
+            side = {}
+        released = aggregates | "Release" >> beam.ParDo(release_fn, **side).with_outputs(
+            ACCOUNTING, INVALID, main="releases")
+        invalids.append(released[INVALID])
+        invalid = tuple(invalids) | "Invalid" >> beam.Flatten()
+        accounting = released[ACCOUNTING]
+        setattr(accounting, PLAN_ATTRIBUTE, (entry,))
+        return ContinualResult(released.releases, accounting, invalid)
+
+
+class ContinualCount(_ContinualTotal):
+    """The running count of events, released every step (spec §1; DESIGN.md).
+
+    Privacy: ε-DP per privacy unit (``noise="laplace"``), or (ε, δ)-DP and the
+    matching ρ-zCDP with ``noise="gaussian"``; per-step sensitivity 1 for
+    ``privacy_unit="event"`` and ``max_contributions`` for ``"user"``.
+
+    Example (batch, with a test seed; production leaves ``rng=None``):
+
+    >>> import apache_beam as beam
+    >>> from apache_beam.options.pipeline_options import PipelineOptions
+    >>> import dp_beam as dpb
+    >>> with beam.Pipeline(options=PipelineOptions(runner="FnApiRunner")) as p:
+    ...     out = (p | beam.Create([{"ts": 5.0}, {"ts": 7.0}, {"ts": 25.0}])
+    ...              | dpb.ContinualCount(epsilon=1.0, step=10, timestamp_fn=lambda e: e["ts"],
+    ...                                   rng=0))
+    ...     _ = out.releases | beam.Map(lambda r: print(r.step, r.t, round(r.noise_std, 2)))
+    0 1 2.83
+    1 2 4.0
+    2 3 4.0
+
+    Args:
+      epsilon: privacy parameter of every stream (> 0).
+      step: step length (seconds or ``timedelta``); step k covers [k·step, (k+1)·step).
+      key_fn: optional element → key; one stream per key.
+      timestamp_fn: optional element → event time in epoch seconds; by default
+        the element's Beam timestamp.
+      privacy_unit: ``"event"`` or ``"user"`` (needs ``user_fn`` and
+        ``max_contributions``: each user's first ``max_contributions`` events
+        are used, across all keys; the rest go to ``.invalid``).
+      noise: ``"laplace"`` (pure ε) or ``"gaussian"`` (needs ``delta``).
+      calibration: Gaussian only: ``"zcdp"`` or ``"analytic"``.
+      horizon: number of steps per stream, or ``None`` for unbounded.
+      allowed_lateness: how late (event time behind the watermark) an event may
+        arrive and still be used (default one day). Beyond it Beam's windowing
+        drops the event before this transform sees it (the runner's
+        dropped-due-to-lateness counter records it).
+      late: events of an already released step within the allowed lateness are
+        counted into the next unreleased step (``"defer"``) or sent to
+        ``.invalid`` (``"drop"``); metrics count both.
+      hot_key_fanout: optional fan-out for the per-step combine of hot keys.
+      max_idle_steps: unbounded input only: after this many consecutive empty
+        steps a stream pauses until its next event, then releases the paused
+        steps in order (none is skipped). This bounds the empty releases after
+        the watermark jumps to the end of time (a drained job, a test stream).
+      rng: ``None`` (secure noise from OS entropy); for tests only, an int seed
+        (each key and step derives its own generator) or a ``NoiseSource``
+        such as ``dp_beam.mechanisms.ZeroNoise()`` (no noise: not private).
+    """
+
+    def __init__(self, epsilon, step, **kwargs):
+        super().__init__(epsilon, step, **kwargs)
+
+
+class ContinualSum(_ContinualTotal):
+    """The running sum of ``value_fn`` clamped to ``[lower, upper]``, released every step.
+
+    The per-event sensitivity under add/remove of an event is
+    ``max(|lower|, |upper|)``; times ``max_contributions`` at the user level.
+    Values are clamped (counted in the ``clamped`` metric); non-numeric, NaN or
+    infinite values go to ``.invalid``. Other arguments as
+    :class:`ContinualCount`.
+    """
+
+    def __init__(self, value_fn, lower, upper, epsilon, step, **kwargs):
+        value_fn = _callable("value_fn", value_fn, required=True)
+        lower, upper = _real("lower", lower), _real("upper", upper)
+        if lower > upper:
+            raise ValueError(f"lower must be <= upper, got lower={lower!r}, upper={upper!r}")
+        super().__init__(epsilon, step, value_fn=value_fn, lower=lower, upper=upper, **kwargs)
+
+    def _per_event_bound(self) -> float:
+        return max(abs(self._lower), abs(self._upper))

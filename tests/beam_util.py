@@ -1,0 +1,52 @@
+"""Helpers for pipeline tests: pinned runners and in-process output collection."""
+
+import collections
+import itertools
+
+import apache_beam as beam
+from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions
+
+# Module-level so that DoFns pickled by reference append to the same lists; the
+# runners used in tests execute in this process.
+_SINKS = collections.defaultdict(list)
+_IDS = itertools.count()
+
+
+def batch_options():
+    return PipelineOptions(runner="FnApiRunner")
+
+
+def streaming_options():
+    opts = PipelineOptions(runner="BundleBasedDirectRunner")
+    opts.view_as(StandardOptions).streaming = True
+    return opts
+
+
+def _append(element, name):
+    _SINKS[name].append(element)
+
+
+class Collector:
+    """``pcoll | collector.sink("releases")`` then ``collector["releases"]`` after the run."""
+
+    def __init__(self):
+        self._prefix = f"c{next(_IDS)}"
+
+    def sink(self, name):
+        key = f"{self._prefix}/{name}"
+        _SINKS[key] = []
+        return f"Collect {name}" >> beam.Map(_append, key)
+
+    def __getitem__(self, name):
+        return list(_SINKS[f"{self._prefix}/{name}"])
+
+
+def collect(pipeline_options, build):
+    """Runs ``build(p) -> {name: pcoll}`` and returns ``{name: [elements]}``."""
+    c = Collector()
+    with beam.Pipeline(options=pipeline_options) as p:
+        names = []
+        for name, pc in build(p).items():
+            _ = pc | c.sink(name)
+            names.append(name)
+    return {name: c[name] for name in names}
