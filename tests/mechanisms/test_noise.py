@@ -1,0 +1,207 @@
+"""Noise sources and exact interval half-widths (dp_beam.mechanisms.noise).
+
+Statistical tolerances are 5 standard errors of the estimator, so a correct
+implementation fails a seeded test never and an unseeded (secure) one with
+probability below ~1e-6.
+"""
+
+import math
+import pickle
+
+import numpy as np
+import pytest
+from scipy import stats
+
+from dp_beam.mechanisms import (
+    NoiseSource,
+    SecureNoise,
+    SeededNoise,
+    ZeroNoise,
+    gaussian_halfwidth,
+    laplace_sum_halfwidth,
+    make_noise,
+)
+
+# -- make_noise ----------------------------------------------------------------
+
+
+def test_make_noise_none_is_secure():
+    source = make_noise(None)
+    assert isinstance(source, SecureNoise)
+    assert source.secure is True
+
+
+def test_make_noise_int_and_generator_are_seeded_and_share_the_generator():
+    assert isinstance(make_noise(3), SeededNoise)
+    assert isinstance(make_noise(np.int64(3)), SeededNoise)
+    gen = np.random.default_rng(5)
+    source = make_noise(gen)
+    assert isinstance(source, SeededNoise)
+    assert source.generator is gen
+    assert source.secure is False
+
+
+def test_make_noise_passes_sources_through():
+    zero = ZeroNoise()
+    assert make_noise(zero) is zero
+
+
+@pytest.mark.parametrize("bad", [True, False, 1.5, "7", [1], object()])
+def test_make_noise_rejects_other_values_naming_rng(bad):
+    with pytest.raises(ValueError, match="rng"):
+        make_noise(bad)
+
+
+def test_seeded_noise_rejects_bad_seed():
+    with pytest.raises(ValueError, match="seed_or_generator"):
+        SeededNoise(True)
+    with pytest.raises(ValueError, match="seed_or_generator"):
+        SeededNoise("x")
+
+
+# -- sources -------------------------------------------------------------------
+
+
+def test_seeded_noise_is_reproducible_and_matches_numpy():
+    a = SeededNoise(11).laplace(2.0, 5)
+    b = SeededNoise(11).laplace(2.0, 5)
+    np.testing.assert_array_equal(a, b)
+    np.testing.assert_array_equal(a, np.random.default_rng(11).laplace(0.0, 2.0, 5))
+    g = SeededNoise(11).gaussian(3.0, 4)
+    np.testing.assert_array_equal(g, np.random.default_rng(11).normal(0.0, 3.0, 4))
+    assert a.dtype == np.float64 and a.shape == (5,)
+
+
+@pytest.mark.parametrize("source", [SecureNoise(), SeededNoise(1), ZeroNoise()])
+def test_zero_scale_gives_zeros_and_negative_scale_is_rejected(source):
+    np.testing.assert_array_equal(source.laplace(0.0, 3), np.zeros(3))
+    np.testing.assert_array_equal(source.gaussian(0.0, 3), np.zeros(3))
+    with pytest.raises(ValueError, match="scale"):
+        source.laplace(-1.0, 3)
+    with pytest.raises(ValueError, match="sigma"):
+        source.gaussian(float("nan"), 3)
+    with pytest.raises(ValueError, match="size"):
+        source.laplace(1.0, -1)
+
+
+def test_zero_noise_is_zero_and_not_secure():
+    z = ZeroNoise()
+    np.testing.assert_array_equal(z.laplace(5.0, 4), np.zeros(4))
+    np.testing.assert_array_equal(z.gaussian(5.0, 4), np.zeros(4))
+    assert z.secure is False
+
+
+def test_base_class_has_no_sampler():
+    with pytest.raises(NotImplementedError):
+        NoiseSource().laplace(1.0, 2)
+
+
+def _variance_tolerance(var, excess_kurtosis, n):
+    # Var(sample variance) ≈ (μ4 − σ⁴)/n = σ⁴(2 + κ)/n with κ the excess
+    # kurtosis (3 for Laplace, 0 for Gaussian); allow 5 standard errors.
+    return 5.0 * var * math.sqrt((2.0 + excess_kurtosis) / n)
+
+
+def test_secure_laplace_has_the_laplace_law():
+    n, b = 20000, 1.5
+    draws = SecureNoise().laplace(b, n)
+    assert draws.shape == (n,) and draws.dtype == np.float64
+    var = 2 * b * b
+    assert abs(draws.mean()) < 5 * math.sqrt(var / n)
+    assert abs(draws.var() - var) < _variance_tolerance(var, 3.0, n)
+    # Unseeded: a threshold of 1e-6 keeps the false-alarm rate negligible
+    # while still rejecting, e.g., a Gaussian of the same variance at n=20000.
+    assert stats.kstest(draws, "laplace", args=(0.0, b)).pvalue > 1e-6
+
+
+def test_secure_gaussian_has_the_normal_law():
+    n, sigma = 20000, 2.5
+    draws = SecureNoise().gaussian(sigma, n)
+    var = sigma * sigma
+    assert abs(draws.mean()) < 5 * math.sqrt(var / n)
+    assert abs(draws.var() - var) < _variance_tolerance(var, 0.0, n)
+    assert stats.kstest(draws, "norm", args=(0.0, sigma)).pvalue > 1e-6
+
+
+def test_secure_noise_draws_fresh_values_and_caches_measurements():
+    source = SecureNoise()
+    a = source.laplace(1.0, 8)
+    b = source.laplace(1.0, 8)
+    assert not np.array_equal(a, b)
+    assert len(source._cache) == 1
+
+
+def test_secure_noise_pickles_without_its_cache():
+    source = SecureNoise()
+    source.laplace(1.0, 3)
+    source.gaussian(1.0, 3)
+    restored = pickle.loads(pickle.dumps(source))
+    assert isinstance(restored, SecureNoise)
+    assert restored._cache == {}
+    assert restored.laplace(1.0, 3).shape == (3,)
+
+
+# -- half-widths ---------------------------------------------------------------
+
+
+def test_single_laplace_halfwidth_is_b_ln_20():
+    assert laplace_sum_halfwidth([2.5]) == pytest.approx(2.5 * math.log(20), rel=1e-12)
+    assert laplace_sum_halfwidth([2.5], level=0.9) == pytest.approx(2.5 * math.log(10), rel=1e-12)
+
+
+def test_two_equal_laplaces_match_the_closed_form():
+    # Z1+Z2 with Z_i ~ Lap(1) has density (1+|s|)e^{-|s|}/4, so
+    # P(|S| > x) = (2 + x) e^{-x} / 2; the numerical inversion must hit 5 %.
+    x = laplace_sum_halfwidth([1.0, 1.0])
+    assert (2 + x) * math.exp(-x) / 2 == pytest.approx(0.05, abs=1e-9)
+    assert laplace_sum_halfwidth([3.0, 3.0]) == pytest.approx(3.0 * x, rel=1e-9)
+
+
+def test_tiny_extra_term_barely_moves_the_halfwidth():
+    assert laplace_sum_halfwidth([1.0, 1e-9]) == pytest.approx(math.log(20), rel=1e-6)
+    assert laplace_sum_halfwidth([0.0, 0.0]) == 0.0
+    assert laplace_sum_halfwidth([0.0, 2.0]) == pytest.approx(2.0 * math.log(20), rel=1e-12)
+
+
+@pytest.mark.parametrize("scales", [[0.5, 1.0, 2.0, 2.0, 3.0], [4.0] * 17, [1.0, 2.0, 3.0] + [4.0] * 5])
+def test_laplace_sum_halfwidth_has_the_stated_coverage(scales):
+    n = 1_000_000
+    rng = np.random.default_rng(2024)
+    total = np.zeros(n)
+    for b in scales:
+        total += rng.laplace(0.0, b, n)
+    x = laplace_sum_halfwidth(scales)
+    coverage = np.mean(np.abs(total) <= x)
+    # Binomial standard error of the empirical coverage; 5 of them.
+    assert abs(coverage - 0.95) < 5 * math.sqrt(0.95 * 0.05 / n)
+    # The exact width must respect the CSS10 tail bound of spec §1.3.
+    nu = max(math.sqrt(sum(b * b for b in scales)), max(scales) * math.sqrt(math.log(40)))
+    assert x <= nu * math.sqrt(8 * math.log(40))
+
+
+def test_laplace_sum_halfwidth_is_order_independent_and_cached():
+    a = laplace_sum_halfwidth([1.0, 2.0, 3.0])
+    b = laplace_sum_halfwidth([3.0, 1.0, 2.0])
+    assert a == b
+
+
+@pytest.mark.parametrize("level", [0.0, 1.0, -0.5, float("nan")])
+def test_halfwidths_validate_level(level):
+    with pytest.raises(ValueError, match="level"):
+        laplace_sum_halfwidth([1.0, 2.0], level=level)
+    with pytest.raises(ValueError, match="level"):
+        gaussian_halfwidth(1.0, level=level)
+
+
+def test_laplace_sum_halfwidth_rejects_bad_scales():
+    with pytest.raises(ValueError, match="scales"):
+        laplace_sum_halfwidth([1.0, -2.0])
+    with pytest.raises(ValueError, match="scales"):
+        laplace_sum_halfwidth([1.0, float("inf")])
+
+
+def test_gaussian_halfwidth_is_the_normal_quantile():
+    assert gaussian_halfwidth(2.0) == pytest.approx(2.0 * 1.959963984540054, rel=1e-12)
+    assert gaussian_halfwidth(0.0) == 0.0
+    with pytest.raises(ValueError, match="std"):
+        gaussian_halfwidth(-1.0)

