@@ -1,0 +1,42 @@
+"""Engine-free differential-privacy mechanisms (NumPy/SciPy/OpenDP only, no Beam).
+
+See DESIGN "Layers": each mechanism has explicit, serialisable state, a
+``step`` that consumes one time step and returns one release, and public
+methods stating its noise and privacy cost.
+"""
+
+from .calibration import (
+    CALIBRATIONS,
+    eps_from_rho_delta,
+    gaussian_sigma,
+    laplace_scale,
+    rho_from_eps,
+    rho_from_eps_delta,
+)
+from .noise import (
+    NoiseSource,
+    SecureNoise,
+    SeededNoise,
+    ZeroNoise,
+    gaussian_halfwidth,
+    laplace_sum_halfwidth,
+    make_noise,
+)
+from .tree import BinaryTreeMechanism
+
+__all__ = [
+    "BinaryTreeMechanism",
+    "NoiseSource",
+    "SecureNoise",
+    "SeededNoise",
+    "ZeroNoise",
+    "make_noise",
+    "laplace_sum_halfwidth",
+    "gaussian_halfwidth",
+    "CALIBRATIONS",
+    "rho_from_eps_delta",
+    "eps_from_rho_delta",
+    "rho_from_eps",
+    "gaussian_sigma",
+    "laplace_scale",
+]

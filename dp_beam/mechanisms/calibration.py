@@ -1,0 +1,121 @@
+"""Privacy calibration: noise scales from privacy parameters and conversions.
+
+Spec withhold_release_and_composition.md §1.2 (noise calibration) and the
+accountant's conversions (pure ε ⇒ ε²/2-zCDP; ρ-zCDP ⇒ (ε, δ)-DP).
+"""
+
+import math
+import numbers
+
+import dp_accounting
+
+__all__ = [
+    "CALIBRATIONS",
+    "rho_from_eps_delta",
+    "eps_from_rho_delta",
+    "gaussian_sigma",
+    "laplace_scale",
+    "rho_from_eps",
+]
+
+#: How an (ε, δ) target is turned into a Gaussian σ (spec §1.2 options (a) and (c)).
+CALIBRATIONS = ("zcdp", "analytic")
+
+
+def _number(name, value):
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise ValueError(f"{name} must be a real number, got {value!r}")
+    value = float(value)
+    if not math.isfinite(value):
+        raise ValueError(f"{name} must be finite, got {value!r}")
+    return value
+
+
+def _positive(name, value):
+    value = _number(name, value)
+    if value <= 0:
+        raise ValueError(f"{name} must be > 0, got {value!r}")
+    return value
+
+
+def _nonnegative(name, value):
+    value = _number(name, value)
+    if value < 0:
+        raise ValueError(f"{name} must be >= 0, got {value!r}")
+    return value
+
+
+def _delta(value):
+    value = _number("delta", value)
+    if not 0.0 < value < 1.0:
+        raise ValueError(f"delta must be in (0, 1), got {value!r}")
+    return value
+
+
+def rho_from_eps_delta(epsilon, delta):
+    """Largest ρ whose zCDP guarantee implies (ε, δ)-DP by the simple conversion.
+
+    Solves ``ρ + 2√(ρ ln(1/δ)) = ε`` (spec withhold_release_and_composition.md
+    §1.2 (a)): with L = ln(1/δ) it is a quadratic in √ρ whose positive root is
+    ``√ρ = √(L + ε) − √L``. Computed as ``ε / (√(L+ε) + √L)`` to avoid the
+    cancellation of the difference form when ε ≪ L.
+    """
+    epsilon = _positive("epsilon", epsilon)
+    delta = _delta(delta)
+    log_term = math.log(1.0 / delta)
+    root = epsilon / (math.sqrt(log_term + epsilon) + math.sqrt(log_term))
+    return root * root
+
+
+def eps_from_rho_delta(rho, delta):
+    """ε with ρ-zCDP ⇒ (ε, δ)-DP: ``ε = ρ + 2√(ρ ln(1/δ))`` (Bun–Steinke 2016, Prop. 1.3).
+
+    This is the simple conversion (spec withhold_release_and_composition.md
+    §1.2 (a)); tighter ones exist, so the ε it reports is conservative (never
+    smaller than the truth). It is the exact inverse of :func:`rho_from_eps_delta`.
+    """
+    rho = _nonnegative("rho", rho)
+    delta = _delta(delta)
+    return rho + 2.0 * math.sqrt(rho * math.log(1.0 / delta))
+
+
+def rho_from_eps(epsilon):
+    """zCDP parameter ``ε²/2`` implied by pure ε-DP (Bun–Steinke 2016, Prop. 1.4; spec §1.2)."""
+    epsilon = _nonnegative("epsilon", epsilon)
+    return 0.5 * epsilon * epsilon
+
+
+def laplace_scale(l1_sensitivity, epsilon):
+    """Laplace scale ``b = Δ1/ε`` for pure ε-DP of a query with L1 sensitivity Δ1.
+
+    Spec withhold_release_and_composition.md §1.2 (Laplace) and §4 R6: i.i.d.
+    ``Lap(Δ1/ε)`` per coordinate of a vector whose L1 sensitivity is Δ1.
+    """
+    l1_sensitivity = _nonnegative("l1_sensitivity", l1_sensitivity)
+    epsilon = _positive("epsilon", epsilon)
+    return l1_sensitivity / epsilon
+
+
+def gaussian_sigma(l2_sensitivity, epsilon, delta, calibration="zcdp"):
+    """σ of i.i.d. Gaussian noise giving (ε, δ)-DP to a query with L2 sensitivity Δ2.
+
+    Spec withhold_release_and_composition.md §1.2 "Gaussian, (ε,δ)-DP":
+
+    * ``"zcdp"`` — option (a): ``σ = Δ2/√(2ρ)`` with ``ρ = rho_from_eps_delta(ε, δ)``.
+      The mechanism is then ρ-zCDP, which composes additively, and (ε, δ)-DP
+      by the simple conversion.
+    * ``"analytic"`` — option (c): the smallest σ for which the Gaussian
+      mechanism is exactly (ε, δ)-DP (Balle–Wang 2018), from
+      ``dp_accounting.get_sigma_gaussian`` (stated for sensitivity 1, hence
+      scaled by Δ2). Smaller noise, but zCDP composition then has to use the
+      mechanism's actual ``ρ = Δ2²/(2σ²)``.
+    """
+    l2_sensitivity = _nonnegative("l2_sensitivity", l2_sensitivity)
+    epsilon = _positive("epsilon", epsilon)
+    delta = _delta(delta)
+    if calibration not in CALIBRATIONS:
+        raise ValueError(f"calibration must be one of {CALIBRATIONS}, got {calibration!r}")
+    if calibration == "zcdp":
+        rho = rho_from_eps_delta(epsilon, delta)
+        return l2_sensitivity / math.sqrt(2.0 * rho)
+    return l2_sensitivity * float(dp_accounting.get_sigma_gaussian(epsilon, delta))
