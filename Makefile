@@ -16,7 +16,7 @@ demo: $(VENV)/.installed-demo
 	$(PY) -m pipelines.continual_count --output out
 
 test: $(VENV)/.installed-test
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q --doctest-modules dp_beam tests
 
 bench: $(VENV)/.installed-bench
 	$(PY) benchmarks/throughput.py

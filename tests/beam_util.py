@@ -13,11 +13,11 @@ _IDS = itertools.count()
 
 
 def batch_options():
-    return PipelineOptions(runner="FnApiRunner")
+    return PipelineOptions(flags=[], runner="FnApiRunner")
 
 
 def streaming_options():
-    opts = PipelineOptions(runner="BundleBasedDirectRunner")
+    opts = PipelineOptions(flags=[], runner="BundleBasedDirectRunner")
     opts.view_as(StandardOptions).streaming = True
     return opts
 
