@@ -12,7 +12,8 @@ Rules (spec withhold_release_and_composition.md §4, seed 001):
   one user), so the event-level total counts every entry. A user-level total
   from event-level entries needs group privacy over each user's events; this
   first version reports such a user-level total as unbounded (``None``) and
-  says so in the report note.
+  says so in the report note. A plan without user-level transforms gets an
+  event-level report only.
 """
 
 from collections import OrderedDict
@@ -48,12 +49,15 @@ def compose(entries: Iterable[LedgerEntry], budget=None) -> List[AccountingRepor
     >>> a = LedgerEntry("count", "event", "add/remove one event", 0.5, 0.0, 0.125, "tree", "stream")
     >>> b = a._replace(transform="sum")
     >>> [(r.unit, r.epsilon) for r in compose([a, b])]
+    [('event', 1.0)]
+    >>> [(r.unit, r.epsilon) for r in compose([a, b._replace(unit="user")])]
     [('event', 1.0), ('user', None)]
     """
     entries = list(dict.fromkeys(entries))  # a re-emitted entry is not a new charge
     per = _per_transform(entries)
     reports = []
-    for unit in UNITS:
+    units = [u for u in UNITS if u == "event" or any(e.unit == u for e in per.values())]
+    for unit in units:
         relevant = [e for e in per.values() if unit == "event" or e.unit == unit]
         unbounded = unit == "user" and any(e.unit != "user" for e in per.values())
         note = ""

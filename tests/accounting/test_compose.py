@@ -13,23 +13,29 @@ def entry(transform, eps, unit="event", key=None, delta=0.0, scope="stream"):
 
 
 def test_sequential_composition_adds_across_transforms():
-    (event, user) = compose([entry("a", 0.25), entry("b", 0.5), entry("c", 0.125)])
+    (event,) = compose([entry("a", 0.25), entry("b", 0.5), entry("c", 0.125)])
     assert event.unit == "event" and event.epsilon == pytest.approx(0.875)
     assert event.rho == pytest.approx((0.25 ** 2 + 0.5 ** 2 + 0.125 ** 2) / 2)
-    assert user.epsilon is None and "group privacy" in user.note
+
+
+def test_event_level_entries_leave_a_user_level_total_unbounded():
+    (event, user) = compose([entry("a", 0.25), entry("b", 0.5, unit="user")], Budget(epsilon=1.0))
+    assert event.epsilon == pytest.approx(0.75)
+    assert user.epsilon is None and not user.within_budget
+    assert "group privacy" in user.note and "a" in user.note
 
 
 def test_parallel_composition_takes_the_max_over_keys_of_one_transform():
     entries = [entry("a", 0.5, key="AA", scope="key"), entry("a", 0.5, key="UA", scope="key"),
                entry("b", 0.25)]
-    (event, _) = compose(entries)
+    (event,) = compose(entries)
     assert event.epsilon == pytest.approx(0.75)
     assert len(event.lines) == 3
 
 
 def test_duplicate_entries_are_not_charged_twice():
     e = entry("a", 0.5)
-    (event, _) = compose([e, e])
+    (event,) = compose([e, e])
     assert event.epsilon == 0.5
 
 
