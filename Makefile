@@ -13,7 +13,7 @@ $(VENV)/.installed-%: setup.py
 	touch $@
 
 demo: $(VENV)/.installed-demo
-	$(PY) -m pipelines.continual_count --output out
+	$(PY) -m pipelines.continual_count --output out --truth
 
 test: $(VENV)/.installed-test
 	$(PY) -m pytest -q --doctest-modules dp_beam tests

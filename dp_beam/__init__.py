@@ -5,7 +5,7 @@ Engine-free mechanisms live in :mod:`dp_beam.mechanisms`; the Beam transforms
 are thin adapters around them.
 """
 
-from dp_beam import io, mechanisms, records
+from dp_beam import accounting, io, mechanisms, records
 from dp_beam.accounting import Budget
 from dp_beam.records import AccountingReport, InvalidElement, LedgerEntry, Release
 from dp_beam.transforms import (CombineAccounting, ContinualCount, ContinualResult,
@@ -13,6 +13,6 @@ from dp_beam.transforms import (CombineAccounting, ContinualCount, ContinualResu
 
 __version__ = "0.1.0"
 
-__all__ = ["AccountingReport", "Budget", "CombineAccounting", "ContinualCount",
+__all__ = ["AccountingReport", "Budget", "accounting", "CombineAccounting", "ContinualCount",
            "ContinualResult", "ContinualSum", "InvalidElement", "LedgerEntry", "Release", "io",
            "mechanisms", "plan", "records"]

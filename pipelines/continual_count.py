@@ -107,18 +107,10 @@ def read_jsonl(path):
 
 
 def ledger_epsilon(entries):
-    """Total ε per privacy unit: sequential across transforms, parallel across keys."""
-    per_transform = defaultdict(lambda: defaultdict(float))
-    for e in entries:
-        if e.get("scope") == "key":
-            cur = per_transform[(e["unit"], e["transform"])]
-            cur["key"] = max(cur["key"], e["epsilon"])
-        else:
-            per_transform[(e["unit"], e["transform"])]["stream"] += e["epsilon"]
-    total = defaultdict(float)
-    for (unit, _), parts in per_transform.items():
-        total[unit] += sum(parts.values())
-    return dict(total)
+    """Total ε per privacy unit of ledger lines read back from JSON (dp_beam's composition)."""
+    fields = dpb.LedgerEntry._fields
+    records = [dpb.LedgerEntry(**{k: v for k, v in e.items() if k in fields}) for e in entries]
+    return {r.unit: r.epsilon for r in dpb.accounting.compose(records) if r.epsilon is not None}
 
 
 def summarise(paths, elapsed, out=sys.stdout):
