@@ -113,6 +113,23 @@ class BinaryTreeMechanism:
         epoch's ``k+1`` levels plus the running sum of noisy roots). The state
         contains exact partial sums and must be stored like the data it came
         from; only releases are public.
+
+    Privacy cost: ε-DP (Laplace), or (ε, δ)-DP and ρ-zCDP (Gaussian), for
+    the whole output sequence; :meth:`privacy_cost` states it.
+
+    Example (``ZeroNoise`` switches noise off to show the sums; it is not
+    private, and production code leaves ``rng=None``):
+
+    >>> from dp_beam.mechanisms import BinaryTreeMechanism, ZeroNoise
+    >>> m = BinaryTreeMechanism(epsilon=1.0, horizon=8, rng=ZeroNoise())
+    >>> [m.step(x) for x in (1, 2, 3)]
+    [1.0, 3.0, 6.0]
+    >>> m.levels, m.noise_scales(3)   # t = 3 = 0b11 sums two nodes of Lap(4·1/1)
+    (4, [4.0, 4.0])
+    >>> m.noise_std(3)                # √(2·2)·4
+    8.0
+    >>> m.privacy_cost()
+    {'epsilon': 1.0, 'delta': 0.0, 'rho': 0.5}
     """
 
     name = "tree"

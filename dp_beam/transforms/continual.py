@@ -269,10 +269,9 @@ class ContinualCount(_ContinualTotal):
     >>> import apache_beam as beam
     >>> from apache_beam.options.pipeline_options import PipelineOptions
     >>> import dp_beam as dpb
+    >>> count = dpb.ContinualCount(epsilon=1.0, step=10, timestamp_fn=lambda e: e["ts"], rng=0)
     >>> with beam.Pipeline(options=PipelineOptions(flags=[], runner="FnApiRunner")) as p:
-    ...     out = (p | beam.Create([{"ts": 5.0}, {"ts": 7.0}, {"ts": 25.0}])
-    ...              | dpb.ContinualCount(epsilon=1.0, step=10, timestamp_fn=lambda e: e["ts"],
-    ...                                   rng=0))
+    ...     out = p | beam.Create([{"ts": 5.0}, {"ts": 7.0}, {"ts": 25.0}]) | count
     ...     _ = out.releases | beam.Map(lambda r: print(r.step, r.t, round(r.noise_std, 2)))
     0 1 1.41
     1 2 3.16
