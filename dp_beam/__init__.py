@@ -9,10 +9,10 @@ from dp_beam import accounting, io, mechanisms, records
 from dp_beam.accounting import Budget
 from dp_beam.records import AccountingReport, InvalidElement, LedgerEntry, Release
 from dp_beam.transforms import (CombineAccounting, ContinualCount, ContinualResult,
-                                ContinualSum, plan)
+                                ContinualSum, Stability, plan)
 
 __version__ = "0.1.0"
 
 __all__ = ["AccountingReport", "Budget", "accounting", "CombineAccounting", "ContinualCount",
            "ContinualResult", "ContinualSum", "InvalidElement", "LedgerEntry", "Release", "io",
-           "mechanisms", "plan", "records"]
+           "mechanisms", "plan", "records", "Stability"]

@@ -44,6 +44,10 @@ class LedgerEntry(NamedTuple):
     charges of different keys of one transform compose in parallel (each event,
     and after contribution bounding each user's budget, is split over disjoint
     keys). ``rho`` is the zCDP cost the same mechanism satisfies.
+    ``max_contributions`` is the declared per-user event bound of a user-level
+    transform (``None`` at the event level). ``group`` is the factor by which
+    a stability or group-privacy step scaled the mechanism's own cost (1 when
+    none did).
     """
     transform: str
     unit: str
@@ -57,6 +61,8 @@ class LedgerEntry(NamedTuple):
     sensitivity: float = 0.0
     noise: str = ""
     calibration: str = ""
+    max_contributions: Optional[int] = None
+    group: int = 1
     version: int = SCHEMA_VERSION
 
 
@@ -103,18 +109,23 @@ def to_json(record) -> dict:
 class AccountingReport(NamedTuple):
     """The composed privacy cost of a set of transforms for one privacy unit.
 
-    ``epsilon``/``delta`` compose by basic sequential composition across
-    transforms and ``rho`` (zCDP) adds; inside one transform, the charges of
-    different keys compose in parallel (the maximum). ``epsilon`` is ``None``
-    when no finite bound for this unit follows from the entries (see
-    ``note``). ``remaining_*`` is the budget minus the cost, ``None`` where the
-    budget does not constrain that quantity. ``lines`` are the ledger entries
-    the report was composed from.
+    ``epsilon``/``delta`` are basic sequential composition across transforms
+    (after parallel composition across the keys of each transform and group
+    privacy where a unit spans several records); ``rho`` adds the zCDP costs.
+    ``epsilon_at_delta`` is the smallest ε valid at δ = ``at_delta`` (the
+    budget's δ) over basic composition, privacy loss distributions and the
+    zCDP conversion; ``method`` names the route. ``None`` means no finite bound
+    follows (see ``note``). ``remaining_*`` is the budget minus the cost,
+    ``None`` where the budget does not constrain that quantity. ``lines`` are
+    the ledger entries the report was composed from.
     """
     unit: str
     epsilon: Optional[float]
     delta: Optional[float]
     rho: Optional[float]
+    epsilon_at_delta: Optional[float]
+    at_delta: Optional[float]
+    method: str
     budget_epsilon: Optional[float]
     budget_delta: Optional[float]
     budget_rho: Optional[float]

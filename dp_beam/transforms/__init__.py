@@ -1,8 +1,8 @@
 """Beam transforms: thin streaming adapters around dp_beam.mechanisms."""
 
-from dp_beam.transforms.accounting import CombineAccounting, plan
+from dp_beam.transforms.accounting import CombineAccounting, Stability, plan
 from dp_beam.transforms.continual import ContinualCount, ContinualResult, ContinualSum
 from dp_beam.transforms.release import OrderedReleaseDoFn, ReleaseSpec
 
 __all__ = ["CombineAccounting", "ContinualCount", "ContinualResult", "ContinualSum",
-           "OrderedReleaseDoFn", "ReleaseSpec", "plan"]
+           "OrderedReleaseDoFn", "ReleaseSpec", "Stability", "plan"]

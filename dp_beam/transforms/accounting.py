@@ -13,6 +13,7 @@ from apache_beam.transforms import trigger
 from apache_beam.transforms.window import GlobalWindows
 
 from dp_beam.accounting import Budget, check_budget, compose
+from dp_beam.accounting.costs import scale
 from dp_beam.transforms.continual import PLAN_ATTRIBUTE
 
 
@@ -39,21 +40,58 @@ def plan_entries(pcolls):
     return entries
 
 
-def plan(pcolls, budget=None):
+def plan(pcolls, budget=None, events_per_user=None):
     """The per-unit report of the planned costs, computed without running anything.
 
     Raises ``ValueError`` naming the transforms when ``budget`` is exceeded.
+    ``events_per_user`` declares how many events a user may have in the input
+    of event-level transforms, for the user-level total (group privacy).
     """
     entries = plan_entries(pcolls)
     if budget is None:
-        return compose(entries)
-    return check_budget(entries, budget)
+        return compose(entries, events_per_user=events_per_user)
+    return check_budget(entries, budget, events_per_user)
+
+
+def scale_entry(entry, k):
+    """A ledger entry of a mechanism whose input went through a k-stable transformation."""
+    eps, delta, rho = scale(entry.epsilon, entry.delta, entry.rho, k)
+    return entry._replace(
+        epsilon=eps, delta=delta, rho=rho, group=entry.group * k,
+        neighbours=f"{entry.neighbours}; input {k}-stable (one record changes up to {k})")
+
+
+class Stability(beam.PTransform):
+    """Re-states a transform's charges when its input went through a k-stable transformation.
+
+    Spec §4 R5: if one record of the protected data can change up to ``k``
+    records of the transform's input (a tweet split into k words, a trip into
+    k legs), an ε-DP mechanism on that input is kε-DP for the original records
+    (δ becomes ``k·e^{(k−1)ε}·δ``, ρ becomes ``k²ρ``). Apply it to the
+    ``.accounting`` output; the plan attached to it is scaled the same way.
+
+    >>> import dp_beam as dpb
+    >>> dpb.Stability(3).k
+    3
+    """
+
+    def __init__(self, k, label=None):
+        super().__init__(label)
+        scale(0.0, 0.0, 0.0, k)  # validates k, naming it
+        self.k = k
+
+    def expand(self, accounting):
+        entries = plan_entries(accounting)
+        out = accounting | "Scale" >> beam.Map(scale_entry, self.k)
+        setattr(out, PLAN_ATTRIBUTE, tuple(scale_entry(e, self.k) for e in entries))
+        return out
 
 
 class _ComposeLedger(beam.CombineFn):
 
-    def __init__(self, budget):
+    def __init__(self, budget, events_per_user=None):
         self._budget = budget
+        self._events_per_user = events_per_user
 
     def create_accumulator(self):
         return set()
@@ -70,7 +108,7 @@ class _ComposeLedger(beam.CombineFn):
 
     def extract_output(self, acc):
         entries = sorted(acc, key=lambda e: (e.transform, repr(e.key)))
-        return compose(entries, self._budget)
+        return compose(entries, self._budget, self._events_per_user)
 
 
 class CombineAccounting(beam.PTransform):
@@ -86,15 +124,19 @@ class CombineAccounting(beam.PTransform):
     Budget(epsilon=1.0, delta=0.0)
     """
 
-    def __init__(self, budget, label=None):
+    def __init__(self, budget, events_per_user=None, label=None):
         super().__init__(label)
         if not isinstance(budget, Budget):
             raise ValueError(f"budget must be a dp_beam.Budget, got {budget!r}")
+        if events_per_user is not None and (isinstance(events_per_user, bool) or not isinstance(
+                events_per_user, int) or events_per_user < 1):
+            raise ValueError(f"events_per_user must be an integer >= 1, got {events_per_user!r}")
         self.budget = budget
+        self.events_per_user = events_per_user
         self.planned = None
 
     def plan(self, pcolls):
-        return plan(pcolls, self.budget)
+        return plan(pcolls, self.budget, self.events_per_user)
 
     def expand(self, pcolls):
         self.planned = self.plan(pcolls)
@@ -104,5 +146,6 @@ class CombineAccounting(beam.PTransform):
                 | "Global" >> beam.WindowInto(
                     GlobalWindows(), trigger=trigger.Repeatedly(trigger.AfterCount(1)),
                     accumulation_mode=trigger.AccumulationMode.ACCUMULATING)
-                | "Compose" >> beam.CombineGlobally(_ComposeLedger(self.budget)).without_defaults()
+                | "Compose" >> beam.CombineGlobally(
+                    _ComposeLedger(self.budget, self.events_per_user)).without_defaults()
                 | "PerUnit" >> beam.FlatMap(lambda reports: reports))

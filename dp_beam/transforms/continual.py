@@ -22,6 +22,7 @@ from apache_beam.transforms.window import FixedWindows, GlobalWindows
 from apache_beam.utils.timestamp import Duration
 
 from dp_beam.mechanisms import BinaryTreeMechanism, NoiseSource, ZeroNoise
+from dp_beam.mechanisms.postprocess import MonotoneRelease
 from dp_beam.records import LedgerEntry, Release
 from dp_beam.transforms.events import INVALID, BoundContributions, PrepareEvents
 from dp_beam.transforms.release import ACCOUNTING, OrderedReleaseDoFn, ReleaseSpec
@@ -101,17 +102,21 @@ class _StepOf(beam.DoFn):
 class TreeReleaseSpec(ReleaseSpec):
     """Feeds step totals to a :class:`BinaryTreeMechanism` per stream."""
 
-    def __init__(self, transform, step_seconds, mechanism_args, ledger_template):
+    def __init__(self, transform, step_seconds, mechanism_args, ledger_template, monotone=False):
         self.transform = transform
         self.step_seconds = step_seconds
         self.horizon = mechanism_args["horizon"]
         self._args = mechanism_args
         self._ledger = ledger_template
+        self._monotone = monotone
 
     def new_mechanism(self, rng):
-        return BinaryTreeMechanism(rng=rng, **self._args)
+        mechanism = BinaryTreeMechanism(rng=rng, **self._args)
+        return MonotoneRelease(mechanism) if self._monotone else mechanism
 
     def restore(self, state, rng):
+        if self._monotone:
+            return MonotoneRelease.from_state(state, BinaryTreeMechanism, rng=rng)
         return BinaryTreeMechanism.from_state(state, rng=rng)
 
     def release(self, mechanism, key, step, aggregate):
@@ -134,7 +139,8 @@ class _ContinualTotal(beam.PTransform):
                  timestamp_fn=None, privacy_unit="event", user_fn=None, max_contributions=None,
                  mechanism="tree", noise="laplace", delta=None, calibration="zcdp",
                  horizon=None, allowed_lateness=datetime.timedelta(days=1), late="defer",
-                 hot_key_fanout=None, max_idle_steps=1024, rng=None, label=None):
+                 hot_key_fanout=None, max_idle_steps=1024, monotone=False, rng=None,
+                 label=None):
         super().__init__(label)
         self._step = seconds("step", step)
         self._step_micros = int(round(self._step * 1e6))
@@ -179,6 +185,12 @@ class _ContinualTotal(beam.PTransform):
                 or max_idle_steps < 1):
             raise ValueError(f"max_idle_steps must be an integer >= 1, got {max_idle_steps!r}")
         self._max_idle = max_idle_steps
+        if not isinstance(monotone, bool):
+            raise ValueError(f"monotone must be True or False, got {monotone!r}")
+        if monotone and lower is not None and lower < 0:
+            raise ValueError("monotone=True needs a non-decreasing running total: "
+                             f"lower must be >= 0, got lower={lower!r}")
+        self._monotone = monotone
 
         per_event = self._per_event_bound()
         contributions = max_contributions if privacy_unit == "user" else 1
@@ -208,7 +220,8 @@ class _ContinualTotal(beam.PTransform):
             epsilon=float(self._cost["epsilon"]), delta=float(self._cost["delta"] or 0.0),
             rho=float(self._cost["rho"]), mechanism="tree",
             scope="key" if self._key_fn is not None else "stream", key=None,
-            sensitivity=self._sensitivity, noise=self._noise, calibration=self._calibration)
+            sensitivity=self._sensitivity, noise=self._noise, calibration=self._calibration,
+            max_contributions=self._max_contributions if self._unit == "user" else None)
 
     def expand(self, events):
         label = self.label
@@ -238,7 +251,7 @@ class _ContinualTotal(beam.PTransform):
 
         bounded_input = events.is_bounded
         entry = self.plan_entry(label)
-        spec = TreeReleaseSpec(label, self._step, self._mechanism_args, entry)
+        spec = TreeReleaseSpec(label, self._step, self._mechanism_args, entry, self._monotone)
         release_fn = OrderedReleaseDoFn(spec, bounded=bounded_input, late=self._late,
                                         seed=self._seed, max_idle_steps=self._max_idle)
         if bounded_input:
@@ -301,6 +314,10 @@ class ContinualCount(_ContinualTotal):
         steps a stream pauses until its next event, then releases the paused
         steps in order (none is skipped). This bounds the empty releases after
         the watermark jumps to the end of time (a drained job, a test stream).
+      monotone: release ``max(previous release, estimate)`` so that the running
+        total never decreases (free post-processing; needs ``lower >= 0`` for
+        sums). The release's ``noise_std``/``ci95`` describe the unadjusted
+        estimate.
       rng: ``None`` (secure noise from OS entropy); for tests only, an int seed
         (each key and step derives its own generator) or a ``NoiseSource``
         such as ``dp_beam.mechanisms.ZeroNoise()`` (no noise: not private).

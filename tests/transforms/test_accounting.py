@@ -1,10 +1,13 @@
 """CombineAccounting: planned costs at construction, merged ledger at run time."""
 
 import apache_beam as beam
+import numpy as np
 import pytest
 
 import dp_beam as dpb
 from dp_beam.mechanisms import ZeroNoise
+from dp_beam.accounting.compose import per_transform
+from dp_beam.transforms.accounting import plan_entries
 from tests.beam_util import batch_options, collect
 
 EVENTS = [{"ts": float(t), "carrier": c, "delay": float(t % 7)}
@@ -61,3 +64,117 @@ def test_plan_without_running_and_rejects_derived_pcollections():
         derived = counts.accounting | beam.Map(lambda e: e)
         with pytest.raises(ValueError, match="no privacy plan"):
             dpb.plan([derived])
+
+
+def _factories():
+    ts = dict(timestamp_fn=lambda e: e["ts"], step=10, rng=7)
+    return {
+        "count": lambda: dpb.ContinualCount(epsilon=0.3, key_fn=lambda e: e["carrier"], **ts),
+        "user count": lambda: dpb.ContinualCount(
+            epsilon=0.2, privacy_unit="user", user_fn=lambda e: e["carrier"],
+            max_contributions=3, **ts),
+        "sum": lambda: dpb.ContinualSum(value_fn=lambda e: e["delay"], lower=0, upper=10,
+                                        epsilon=0.25, **ts),
+        "gaussian sum": lambda: dpb.ContinualSum(
+            value_fn=lambda e: e["delay"], lower=0, upper=10, epsilon=0.5, noise="gaussian",
+            delta=1e-7, **ts),
+        "monotone count": lambda: dpb.ContinualCount(epsilon=0.1, monotone=True, **ts),
+    }
+
+
+def test_runtime_ledger_never_exceeds_the_plan_for_every_transform_type():
+    holder = {}
+
+    def build(p):
+        events = p | beam.Create(EVENTS)
+        results = {name: events | name >> make() for name, make in _factories().items()}
+        accounting = {name: r.accounting for name, r in results.items()}
+        combine = dpb.CombineAccounting(dpb.Budget(epsilon=5.0, delta=1e-6))
+        holder["combine"] = combine
+        holder["plan"] = per_transform(plan_entries(accounting))
+        return {"report": accounting | combine,
+                "ledger": tuple(accounting.values()) | "ledger" >> beam.Flatten()}
+    out = collect(batch_options(), build)
+    planned = {r.unit: r for r in holder["combine"].planned}
+    assert set(planned) == {"event", "user"}
+    seen = set()
+    for r in out["report"]:
+        plan = planned[r.unit]
+        seen.add(r.unit)
+        assert r.epsilon <= plan.epsilon + 1e-12 and r.rho <= plan.rho + 1e-12
+        assert r.epsilon_at_delta <= plan.epsilon_at_delta + 1e-9
+    assert seen == {"event", "user"}
+    # Every transform type charged at run time what it planned per stream, no more.
+    charged = per_transform(out["ledger"])
+    assert set(charged) == set(_factories())
+    for name, entry in charged.items():
+        planned_entry = holder["plan"][name]
+        assert (entry.epsilon, entry.delta, entry.rho) == (
+            planned_entry.epsilon, planned_entry.delta, planned_entry.rho)
+
+
+def test_monotone_option_never_decreases_and_leaves_the_ledger_unchanged():
+    events = [{"ts": float(t), "carrier": "AA", "delay": 1.0} for t in range(0, 200, 7)]
+
+    def run(monotone):
+        def build(p):
+            res = p | beam.Create(events) | "c" >> dpb.ContinualCount(
+                epsilon=0.05, step=10, timestamp_fn=lambda e: e["ts"], monotone=monotone,
+                rng=11)
+            return {"releases": res.releases, "accounting": res.accounting}
+        return collect(batch_options(), build)
+    plain, mono = run(False), run(True)
+    values = [r.value for r in sorted(mono["releases"], key=lambda r: r.step)]
+    raw = [r.value for r in sorted(plain["releases"], key=lambda r: r.step)]
+    assert all(b >= a for a, b in zip(values, values[1:]))
+    # The same noise (same seed per key and step) post-processed: a running max.
+    assert values == pytest.approx(np.maximum.accumulate(raw).tolist())
+    assert any(v != r for v, r in zip(values, raw))  # the option did something
+    assert [e._replace(mechanism="") for e in mono["accounting"]] == \
+        [e._replace(mechanism="") for e in plain["accounting"]]
+    with pytest.raises(ValueError, match="monotone"):
+        dpb.ContinualSum(value_fn=float, lower=-1, upper=1, epsilon=1, step=1, monotone=True)
+
+
+def test_stability_scales_the_plan_and_the_ledger():
+    holder = {}
+
+    def build(p):
+        res = p | beam.Create(EVENTS) | "c" >> dpb.ContinualCount(
+            epsilon=0.2, step=10, timestamp_fn=lambda e: e["ts"], rng=ZeroNoise())
+        scaled = res.accounting | dpb.Stability(3)
+        holder["plan"] = dpb.plan([scaled])
+        return {"ledger": scaled}
+    out = collect(batch_options(), build)
+    (entry,) = out["ledger"]
+    assert entry.epsilon == pytest.approx(0.6) and entry.group == 3
+    assert "3-stable" in entry.neighbours
+    assert holder["plan"][0].epsilon == pytest.approx(0.6)
+    with pytest.raises(ValueError, match="budget exceeded"):
+        with beam.Pipeline(options=batch_options()) as p:
+            res = p | beam.Create(EVENTS) | dpb.ContinualCount(
+                epsilon=0.4, step=10, timestamp_fn=lambda e: e["ts"])
+            _ = (res.accounting | dpb.Stability(3)) | dpb.CombineAccounting(dpb.Budget(1.0))
+
+
+def test_streaming_report_updates_as_streams_start():
+    from apache_beam.testing.test_stream import TestStream as _TestStream
+    from apache_beam.transforms.window import TimestampedValue
+    from tests.beam_util import streaming_options
+    ev = lambda ts, c: TimestampedValue({"carrier": c}, ts)
+    stream = (_TestStream()
+              .add_elements([ev(1.0, "AA")])
+              .advance_watermark_to(30)
+              .add_elements([ev(35.0, "UA")])      # a second stream starts later
+              .advance_watermark_to(60)
+              .advance_watermark_to_infinity())
+
+    def build(p):
+        counts = p | stream | "c" >> dpb.ContinualCount(
+            epsilon=0.5, step=10, key_fn=lambda e: e["carrier"], max_idle_steps=1,
+            rng=ZeroNoise())
+        return {"report": (counts.accounting,) | dpb.CombineAccounting(dpb.Budget(1.0))}
+    reports = collect(streaming_options(), build)["report"]
+    sizes = [len(r.lines) for r in reports]
+    assert sizes[0] == 1 and max(sizes) == 2  # updated when the second key started
+    assert all(r.epsilon == pytest.approx(0.5) for r in reports)  # parallel across keys
