@@ -8,11 +8,12 @@ are thin adapters around them.
 from dp_beam import accounting, io, mechanisms, records
 from dp_beam.accounting import Budget
 from dp_beam.records import AccountingReport, InvalidElement, LedgerEntry, Release
-from dp_beam.transforms import (CombineAccounting, ContinualCount, ContinualResult,
-                                ContinualSum, Stability, plan)
+from dp_beam.records_mean import MeanRelease
+from dp_beam.transforms import (CombineAccounting, ContinualCount, ContinualMean,
+                                ContinualResult, ContinualSum, Stability, plan)
 
 __version__ = "0.1.0"
 
-__all__ = ["AccountingReport", "Budget", "accounting", "CombineAccounting", "ContinualCount",
-           "ContinualResult", "ContinualSum", "InvalidElement", "LedgerEntry", "Release", "io",
-           "mechanisms", "plan", "records", "Stability"]
+__all__ = ["AccountingReport", "Budget", "CombineAccounting", "ContinualCount", "ContinualMean",
+           "ContinualResult", "ContinualSum", "InvalidElement", "LedgerEntry", "MeanRelease",
+           "Release", "Stability", "accounting", "io", "mechanisms", "plan", "records"]

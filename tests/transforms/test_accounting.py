@@ -79,6 +79,9 @@ def _factories():
             value_fn=lambda e: e["delay"], lower=0, upper=10, epsilon=0.5, noise="gaussian",
             delta=1e-7, **ts),
         "monotone count": lambda: dpb.ContinualCount(epsilon=0.1, monotone=True, **ts),
+        "mean": lambda: dpb.ContinualMean(
+            user_fn=lambda e: e["carrier"], value_fn=lambda e: e["delay"], lower=0, upper=10,
+            max_samples_per_user=8, epsilon=0.3, **ts),
     }
 
 
@@ -89,7 +92,7 @@ def test_runtime_ledger_never_exceeds_the_plan_for_every_transform_type():
         events = p | beam.Create(EVENTS)
         results = {name: events | name >> make() for name, make in _factories().items()}
         accounting = {name: r.accounting for name, r in results.items()}
-        combine = dpb.CombineAccounting(dpb.Budget(epsilon=5.0, delta=1e-6))
+        combine = dpb.CombineAccounting(dpb.Budget(epsilon=6.0, delta=1e-6))
         holder["combine"] = combine
         holder["plan"] = per_transform(plan_entries(accounting))
         return {"report": accounting | combine,

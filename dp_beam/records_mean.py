@@ -1,0 +1,36 @@
+"""The release record of ``ContinualMean`` (spec withhold_release_and_composition.md §2.9).
+
+Kept apart from :mod:`dp_beam.records` so that the shared schemas stay
+unchanged; it follows the same conventions (NamedTuple, epoch seconds,
+``to_json`` from :mod:`dp_beam.records` works on it).
+"""
+
+from typing import Any, NamedTuple
+
+
+class MeanRelease(NamedTuple):
+    """One release of a continual user-level mean.
+
+    ``value`` is the estimate μ̂_t in the caller's units (a float, or a list
+    for vector values); ``diverse`` the public diversity flag Div(t) (§2.9
+    Definition 3.3): the accuracy guarantee of Theorem 3.4 applies only when it
+    is true. ``noise_std``/``ci95`` describe the noise in ``value`` (exact for
+    ``neighbours="values"``; a first-order approximation under
+    ``"participation"``, whose denominator is noisy too). ``denominator`` is
+    N_t, the samples the estimate represents (noisy under participation);
+    ``active_levels`` the levels ℓ whose tree B_ℓ is in the estimate.
+    """
+    key: Any
+    step: int
+    window_start: float
+    window_end: float
+    value: Any
+    noise_std: Any
+    ci95: Any
+    mechanism: str
+    transform: str = ""
+    t: int = 0
+    diverse: bool = False
+    denominator: float = 0.0
+    active_levels: tuple = ()
+    neighbours: str = ""

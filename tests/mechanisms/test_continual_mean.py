@@ -1,0 +1,337 @@
+"""Tests of dp_beam.mechanisms.continual_mean (spec withhold_release_and_composition.md §2, §5)."""
+
+import math
+import random
+
+import numpy as np
+import pytest
+
+from dp_beam.mechanisms import SeededNoise, ZeroNoise
+from dp_beam.mechanisms.continual_mean import (
+    ContinualMean, MeanParams, MultiTreeMean, NaiveMean, SingleTreeMean, UserState,
+    _contiguous_arrays, _hashed_arrays, contribution, element_size, exponential_mechanism,
+    grid, median_cost, quantize, release_level, represented_count, withhold_release)
+
+
+# -- parameters: §2.10 worked values (A6-12, ALG-1, A6-1) ----------------------
+
+def test_config_a_table_alg6():
+    p = MeanParams(1000, 16, 1.0, 0.1, neighbours="values")
+    assert (p.L, p.tree_levels, p.eps_tree, p.eps_median) == (4, 10, 0.1, 0.125)
+    assert p.beta_median == pytest.approx(0.00416667, rel=1e-5)
+    assert p.G == {2: 1, 3: 2, 4: 2} and p.k == {2: 702, 3: 791, 4: 791}
+    assert [p.gamma[lv] for lv in (2, 3, 4)] == pytest.approx([2.2838, 1.51724, 1.14607], rel=1e-5)
+    assert [p.Delta[lv] for lv in (2, 3, 4)] == pytest.approx([8.08731, 11.0466, 16.2080], rel=1e-5)
+    assert [p.noise_scale(lv) for lv in p.levels] == pytest.approx(
+        [100, 100, 1617.46, 2209.31, 3241.60], rel=1e-5)
+    assert [p.activation_threshold(lv) for lv in (2, 3, 4)] == [1404, 3164, 6328]
+    # A6-1: (L+1)·ε_B + (L−1)·ε_M <= ε.
+    assert 5 * 0.1 + 3 * 0.125 <= 1.0
+    assert p.privacy_cost()["epsilon"] == pytest.approx(0.875)
+
+
+def test_config_b_table_alg6():
+    p = MeanParams(20000, 64, 1.0, 0.1, neighbours="values")
+    assert (p.L, p.tree_levels) == (6, 15)
+    assert p.eps_tree == pytest.approx(0.0714286, rel=1e-5)
+    assert p.eps_median == pytest.approx(0.0833333, rel=1e-5)
+    assert p.k == {2: 1131, 3: 1264, 4: 1264, 5: 1342, 6: 1397}
+    assert [p.Delta[lv] for lv in range(2, 7)] == pytest.approx(
+        [8.66280, 11.8581, 17.3557, 24.4057, 34.7653], rel=1e-5)
+    assert [p.noise_scale(lv) for lv in p.levels] == pytest.approx(
+        [210, 210, 3638.38, 4980.40, 7289.38, 10250.4, 14601.4], rel=1e-5)
+
+
+def test_baseline_noise_scales_config_a():
+    assert NaiveMean(1000, 16, 1.0, rng=ZeroNoise()).eta == pytest.approx(224)
+    assert SingleTreeMean(1000, 16, 1.0, 0.5, rng=ZeroNoise()).eta == pytest.approx(1576.22, rel=1e-5)
+    eta5 = MultiTreeMean(1000, 16, 1.0, 0.5, rng=ZeroNoise()).eta
+    assert [eta5[lv] for lv in range(5)] == pytest.approx(
+        [50, 313.891, 480.684, 753.339, 1212.48], rel=1e-5)
+    assert NaiveMean(20000, 64, 1.0, rng=ZeroNoise()).eta == pytest.approx(1344)
+
+
+def test_participation_sensitivities_and_budget():
+    v = MeanParams(1000, 16, 1.0, 0.1, neighbours="values")
+    p = MeanParams(1000, 16, 1.0, 0.1, neighbours="participation")
+    # Presence of a centred element: ½ for levels 0/1, Δ_ℓ (half the values width) for ℓ >= 2.
+    assert [p.element_bound[lv] for lv in p.levels] == pytest.approx(
+        [0.5, 0.5] + [v.Delta[lv] for lv in (2, 3, 4)])
+    assert [v.element_bound[lv] for lv in v.levels] == pytest.approx(
+        [1, 1] + [2 * v.Delta[lv] for lv in (2, 3, 4)])
+    # One more tree (counts): ε/2 over L+2 trees; count tree L1 sensitivity 2L.
+    assert p.n_trees == 6 and p.eps_tree == pytest.approx(1 / 12)
+    assert p.count_dim == 8 and p.count_sensitivity() == 8
+    assert p.privacy_cost()["epsilon"] <= 1.0 + 1e-12
+    # No medians when L <= 1: the trees get all of ε (A6-14).
+    small = MeanParams(10, 3, 1.0, neighbours="values")
+    assert small.median_levels == [] and small.eps_tree == pytest.approx(0.5)
+
+
+def test_gaussian_and_vector_composition():
+    p = MeanParams(1000, 16, 1.0, 0.1, dim=3, neighbours="values", noise="gaussian", delta=1e-6)
+    cost = p.privacy_cost()
+    # ρ/2 to the trees, ρ/2 to the d·(L−1) medians; the total converts back to (ε, δ).
+    assert cost["rho"] == pytest.approx(p.rho_total)
+    assert cost["epsilon"] == pytest.approx(1.0)
+    assert p.tree_sensitivity(2) == pytest.approx(math.sqrt(3) * 2 * p.Delta[2])
+    lap = MeanParams(1000, 16, 1.0, 0.1, dim=3, neighbours="values")
+    # Pure DP, d coordinates: L1 width d·W_ℓ, medians at ε_M/d each (§3.3).
+    assert lap.tree_sensitivity(3) == pytest.approx(3 * 2 * lap.Delta[3])
+    assert lap.eps_median_coord == pytest.approx(0.125 / 3)
+
+
+# -- the withhold-release schedule (WR-1..WR-6) ------------------------------------
+
+def test_schedule_releases_at_powers_of_two_with_segment_sums():
+    st = UserState()
+    xs = list(range(1, 21))
+    released = {}
+    for x in xs:
+        out = withhold_release(st, np.array([float(x)]), top=4, store_upto=8)
+        if out["level"] is not None:
+            released[out["count"]] = (out["level"], float(out["element"][0]))
+        assert (out["sample"] is not None) == (out["count"] <= 8)
+    assert released == {1: (0, 1.0), 2: (1, 2.0), 4: (2, 3.0 + 4.0), 8: (3, sum(range(5, 9))),
+                        16: (4, sum(range(9, 17)))}  # 17..20 are past 2^L: never released (WR-6)
+    for c in range(1, 40):
+        r = represented_count(c, 10)
+        assert r == 2 ** int(math.log2(c)) and c - r < r                    # WR-3
+    assert [represented_count(t, 10) for t in (3, 7, 8)] == [2, 4, 8]        # WR-4 single user
+    assert release_level(32, 4) is None and release_level(16, 4) == 4
+
+
+def _arrivals(order, n_users, m, seed=0):
+    rnd = random.Random(seed)
+    if order == "round_robin":
+        return [u for _ in range(m) for u in range(n_users)]
+    if order == "contiguous":
+        return [u for u in range(n_users) for _ in range(m)]
+    if order == "heavy":
+        return [0] * m + [u for u in range(1, n_users) for _ in range(rnd.randint(1, 3))]
+    seq = [u for u in range(n_users) for _ in range(rnd.randint(1, m))]
+    rnd.shuffle(seq)
+    return seq
+
+
+@pytest.mark.parametrize("order", ["round_robin", "contiguous", "heavy", "random"])
+def test_claim_c1_and_one_element_per_level(order):
+    m, n = 16, 30
+    p = MeanParams(n, m, 1.0, neighbours="values")
+    states, per_user_levels = {}, {}
+    counts = {}
+    N = 0
+    for t, u in enumerate(_arrivals(order, n, m), start=1):
+        st = states.setdefault(u, UserState(uhash=u))
+        agg = contribution(p, st, np.array([0.3]), step=t)
+        for lv, c in agg.counts.items():
+            per_user_levels.setdefault(u, []).append(lv)
+            N += element_size(lv) * c
+        counts[u] = st.count
+        assert N == sum(represented_count(c, p.L) for c in counts.values())
+        assert 2 * N >= t                                                    # Claim C.1
+    for levels in per_user_levels.values():
+        assert len(levels) == len(set(levels)) <= p.L + 1                  # WR-2
+
+
+# -- Algorithm 7 (PM-1..PM-5) -------------------------------------------------------
+
+def test_grid_quantizer_and_cost():
+    assert [math.ceil(2 ** (lv / 2) / 2) for lv in range(2, 7)] == [1, 2, 2, 3, 4]   # PM-3
+    for G in (1, 2, 3, 4):
+        ys = np.linspace(0, 1, 1001)
+        assert np.max(np.abs(quantize(ys, G) - ys)) <= 1 / (2 * G) + 1e-12
+        assert set(np.round(quantize(ys, G), 12)) <= set(np.round(grid(G), 12))
+    assert median_cost([0.1, 0.2, 0.9], [0.2]).tolist() == [1.0]
+
+
+def test_contiguous_arrays_touch_at_most_two_per_user_and_cost_moves_by_two():
+    rnd = np.random.default_rng(1)
+    store = {(i, i): [rnd.random(1) for _ in range(rnd.integers(1, 6))] for i in range(40)}
+    s, k = 4, 10
+    means = _contiguous_arrays(store, s, k)
+    assert len(means) == k                                                  # PM-1
+    # Owners of each array (same walk): a user spans at most 2 arrays (PM-2).
+    owners, pos = {}, 0
+    for key in sorted(store):
+        for _ in store[key][:s]:
+            if pos < s * k:
+                owners.setdefault(key, set()).add(pos // s)
+            pos += 1
+    assert max(len(v) for v in owners.values()) <= 2
+    cands = grid(3)
+    base = median_cost(quantize([m[0] for m in means], 3), cands)
+    for key in list(store)[:15]:                                            # PM-4 (values)
+        changed = dict(store)
+        changed[key] = [1.0 - x for x in store[key]]
+        c2 = median_cost(quantize([m[0] for m in _contiguous_arrays(changed, s, k)], 3), cands)
+        assert np.max(np.abs(c2 - base)) <= 2
+
+
+def test_hashed_arrays_cost_moves_by_one_under_add_remove():
+    rnd = np.random.default_rng(2)
+    store = {(i, 1000 + i): [rnd.random(1) for _ in range(rnd.integers(1, 6))] for i in range(60)}
+    s, k, level = 4, 8, 3
+    cands = grid(3)
+    base = median_cost(quantize([m[0] for m in _hashed_arrays(store, s, k, level)], 3), cands)
+    for key in list(store):
+        removed = {kk: v for kk, v in store.items() if kk != key}
+        c2 = median_cost(quantize([m[0] for m in _hashed_arrays(removed, s, k, level)], 3), cands)
+        assert np.max(np.abs(c2 - base)) <= 1
+
+
+def test_exponential_mechanism_pmf_and_privacy():
+    cost = np.array([3.0, 1.0, 2.0, 5.0])
+    eps, sens = 1.0, 2.0
+    src = SeededNoise(7)
+    R = 20000
+    draws = np.bincount([exponential_mechanism(cost, eps, sens, src) for _ in range(R)], minlength=4)
+    pmf = np.exp(-eps * cost / 4)
+    pmf /= pmf.sum()
+    # Each frequency is within 5 binomial standard errors of the softmax pmf (PM-5).
+    assert np.all(np.abs(draws / R - pmf) <= 5 * np.sqrt(pmf * (1 - pmf) / R))
+    # Neighbouring costs (each moves by <= sensitivity): log-ratio of pmfs <= ε.
+    rng = np.random.default_rng(3)
+    for _ in range(200):
+        c2 = cost + rng.uniform(-sens, sens, size=4)
+        q = np.exp(-eps * c2 / 4)
+        q /= q.sum()
+        assert np.max(np.abs(np.log(pmf) - np.log(q))) <= eps + 1e-12
+    assert exponential_mechanism(cost, eps, sens, ZeroNoise()) == 1
+
+
+# -- Algorithm 6 end to end -----------------------------------------------------------
+
+def _round_robin_steps(n_users, m, rng, lo=0.0, hi=1.0):
+    data = {u: rng.uniform(lo, hi, size=m) for u in range(n_users)}
+    return data, [[(u, data[u][i]) for u in range(n_users)] for i in range(m)]
+
+
+def test_noise_off_estimate_is_mean_of_represented_samples_values():
+    # ε large makes k_ℓ small, so every level activates; Δ_ℓ >= 2^{ℓ−1} so nothing is truncated (A6-11).
+    rng = np.random.default_rng(5)
+    n, m = 120, 16
+    data, steps = _round_robin_steps(n, m, rng, -3.0, 7.0)
+    cm = ContinualMean(-3.0, 7.0, m, 200.0, max_users=n, neighbours="values", rng=ZeroNoise())
+    for i, batch in enumerate(steps, start=1):
+        out = cm.step(batch)
+        assert all(cm.active.values())
+        rep = represented_count(i, cm.params.L)
+        expected = np.mean([data[u][:rep] for u in range(n)])
+        assert out.estimate == pytest.approx(expected, abs=1e-9)
+        assert out.denominator == n * rep and out.diverse                    # A6-7, A6-8
+        assert 2 * out.denominator >= i * n
+
+
+def test_noise_off_participation_matches_with_exact_counts():
+    rng = np.random.default_rng(6)
+    n, m = 200, 8
+    data, steps = _round_robin_steps(n, m, rng)
+    cm = ContinualMean(0.0, 1.0, m, 200.0, max_users=n, rng=ZeroNoise())
+    assert cm.params.neighbours == "participation"
+    for i, batch in enumerate(steps, start=1):
+        out = cm.step(batch)
+        rep = represented_count(i, cm.params.L)
+        active_rep = sum(element_size(lv) for lv in out.active if lv <= int(math.log2(i)))
+        expected = np.mean([data[u][:active_rep] for u in range(n)])
+        assert out.estimate == pytest.approx(expected, abs=1e-9)
+    assert all(cm.active.values()) and rep == 8
+
+
+def test_inactive_levels_buffer_until_activation_then_feed_once():
+    rng = np.random.default_rng(8)
+    n, m = 100, 16
+    cm = ContinualMean(0.0, 1.0, m, 8.0, max_users=n, neighbours="values", rng=ZeroNoise())
+    p = cm.params
+    order = [u for u in range(n) for _ in range(m)]                     # contiguous: A_ℓ grows slowly
+    activated_at = {}
+    for t, u in enumerate(order, start=1):
+        cm.step([(u, rng.random())])
+        for lv in p.median_levels:
+            if cm.active[lv] and lv not in activated_at:
+                activated_at[lv] = t
+                assert cm.core.a[lv] >= p.activation_threshold(lv)            # A6-2
+                assert lv not in cm.core.buffer                                 # A6-4
+        for lv in p.median_levels:                                            # A6-3 monotone
+            if cm.active[lv]:
+                assert all(cm.active[l2] for l2 in range(2, lv))
+    assert activated_at, "some level must activate in this configuration"
+    for lv in p.median_levels:
+        if not cm.active[lv]:
+            assert cm.tree_counts()[lv] == 0
+
+
+def test_cap_m_ignores_and_counts_and_too_many_users_raises():
+    cm = ContinualMean(0, 1, 4, 1.0, max_users=2, neighbours="values", rng=ZeroNoise())
+    for _ in range(6):
+        cm.step([("a", 0.5)])
+    assert cm.ignored == 2 and cm.users["a"].count == 4
+    cm.step([("b", 0.5)])
+    with pytest.raises(ValueError, match="max_users"):
+        cm.step([("c", 0.5)])
+
+
+def test_variance_of_estimate_matches_tree_noise():
+    # A6-10: data fixed, no truncation (Δ_ℓ >= 2^{ℓ−1}), so the only randomness
+    # in μ̂_t is the tree noise: E = exact mean and Var = Σ popcount·2η²/N².
+    # Noise-free estimate vs noisy: the empirical variance over R=1500 runs of
+    # a sum of Laplaces (kurtosis <= 6) has relative s.e. <= √(5/1500) ≈ 0.058;
+    # 4 s.e. gives the 25 % tolerance below; the mean within 5 s.e.
+    rng = np.random.default_rng(9)
+    n, m = 150, 4
+    data, steps = _round_robin_steps(n, m, rng)
+    base = ContinualMean(0, 1, m, 200.0, max_users=n, neighbours="values", rng=ZeroNoise())
+    exact = [base.step(b).estimate for b in steps]
+    finals, std = [], None
+    gen = np.random.default_rng(10)
+    for _ in range(1500):
+        cm = ContinualMean(0, 1, m, 200.0, max_users=n, neighbours="values", rng=gen)
+        for b in steps:
+            out = cm.step(b)
+        finals.append(out.estimate)
+        std = out.noise_std
+    finals = np.array(finals)
+    assert abs(finals.mean() - exact[-1]) <= 5 * std / math.sqrt(len(finals))
+    assert finals.std() == pytest.approx(std, rel=0.25 / 2)
+
+
+def test_state_round_trip_continues_identically():
+    rng = np.random.default_rng(11)
+    _, steps = _round_robin_steps(80, 8, rng)
+    a = ContinualMean(0, 1, 8, 50.0, max_users=100, rng=SeededNoise(1))
+    for b in steps[:3]:
+        a.step(b)
+    from dp_beam.mechanisms.continual_mean import ContinualMeanCore
+    state = a.core.to_state()
+    gen_state = a.core.source.generator.bit_generator.state
+    b_core = ContinualMeanCore.from_state(a.params, state, a.lower, a.upper, rng=SeededNoise(0))
+    b_core.source.generator.bit_generator.state = gen_state
+    users = {u: UserState.from_tuple(s.to_tuple()) for u, s in a.users.items()}
+    for batch in steps[3:]:
+        o1 = a.step(batch)
+        agg = None
+        for u, x in batch:
+            c = contribution(a.params, users[u], a.rescale(x), step=b_core.t + 1)
+            agg = c if agg is None else agg.merge(c)
+        o2 = b_core.step(agg)
+        assert o1.estimate == o2.estimate and o1.diverse == o2.diverse
+
+
+def test_baselines_noise_off_are_exact():
+    rng = random.Random(3)
+    n, m = 20, 8
+    naive = NaiveMean(n, m, 1.0, rng=ZeroNoise())
+    multi = MultiTreeMean(n, m, 1.0, prior=0.5, rng=ZeroNoise())
+    single = SingleTreeMean(n, m, 1.0, prior=0.5, rng=ZeroNoise())
+    seen = {}
+    for t in range(1, n * m + 1):
+        u = rng.randrange(n)
+        x = rng.random()
+        if len(seen.get(u, [])) < m:
+            seen.setdefault(u, []).append(x)
+        a = naive.step(x, u)
+        b = multi.step(x, u)
+        c = single.step(x, u)
+        assert a == pytest.approx(np.mean([v for vs in seen.values() for v in vs]))
+        rep = [v for vs in seen.values() for v in vs[:represented_count(len(vs), 3)]]
+        assert b == pytest.approx(np.mean(rep)) and c == pytest.approx(np.mean(rep))
