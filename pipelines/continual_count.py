@@ -11,21 +11,26 @@ against that budget at construction. Outputs, under ``--output``:
 - ``invalid.jsonl``: events a transform could not use (cancelled flights have no delay)
 - ``continual_count.png``: the releases with their 95 % bands
 
-Run ``python -m pipelines.continual_count --output out [--truth] [--days N]``.
-Unrecognised flags are passed to Beam, so ``--runner PortableRunner
---job_endpoint ...`` runs the same job on a portable runner.
+Run ``python -m pipelines.continual_count --output out [--truth] [--days N]``
+or ``dp-beam run continual_count ...``. Unrecognised flags are passed to Beam,
+so ``--runner PortableRunner --job_endpoint ...`` runs the same job on a
+portable runner. ``--output`` may be a ``gs://`` folder (Beam's GCS filesystem).
 """
 
 import argparse
 import json
+import logging
 import os
 import sys
 import time
 from collections import defaultdict
-from datetime import timedelta
+from datetime import datetime, timedelta, timezone
 
 import apache_beam as beam
+from apache_beam.io.filesystems import FileSystems
+from apache_beam.metrics.metric import MetricsFilter
 from apache_beam.options.pipeline_options import PipelineOptions
+from apache_beam.runners.runner import PipelineState
 
 import dp_beam as dpb
 from pipelines.flights import flights_csv_path, load_flights
@@ -48,24 +53,73 @@ def read_flights(path, limit_days=None):
     return load_flights(limit_days=limit_days, path=path)
 
 
-def build(p, epsilon, output_dir, limit_days=None):
+_LOG = logging.getLogger("dp_beam.jobs.continual_count")
+PROGRESS_SECONDS = 10.0
+
+
+class LogProgress(beam.DoFn):
+    """Passes elements through, logging a running count at most every few seconds.
+
+    Counts are per worker instance (a distributed run logs one line per
+    worker); the totals over all workers are the Beam metrics logged at the end.
+    """
+
+    def __init__(self, what, describe=None, interval=PROGRESS_SECONDS):
+        self._what = what
+        self._describe = describe
+        self._interval = interval
+
+    def setup(self):
+        self._n = 0
+        self._last = None
+
+    def process(self, element):
+        self._n += 1
+        now = time.monotonic()
+        if self._last is None or now - self._last >= self._interval:
+            self._last = now
+            detail = f" (latest: {self._describe(element)})" if self._describe else ""
+            _LOG.info("%s: %d so far on this worker%s", self._what, self._n, detail)
+        yield element
+
+
+def _describe_release(release):
+    end = datetime.fromtimestamp(release.window_end, tz=timezone.utc)
+    return f"{release.transform!r} step {release.step} ending {end:%Y-%m-%d %H:%M} UTC"
+
+
+def _join(directory, name):
+    # FileSystems.join keeps the scheme of gs:// and other remote folders.
+    return FileSystems.join(directory, name) if "://" in directory else os.path.join(
+        directory, name)
+
+
+def build(p, epsilon, output_dir, limit_days=None, seed=None):
     """Adds the demo to pipeline ``p``; returns the paths it writes."""
+    return _build(p, epsilon, output_dir, limit_days, seed)[0]
+
+
+def _build(p, epsilon, output_dir, limit_days=None, seed=None):
+    """Adds the demo to ``p``; returns (paths, {label: accounting}, budget)."""
     # The file is read inside the pipeline, as a job reads its source: an
     # in-memory Create would pickle and compress every event into the job graph.
     events = (p
               | "flights file" >> beam.Create([flights_csv_path()])
               | "read flights" >> beam.FlatMap(read_flights, limit_days=limit_days)
-              | "event time" >> beam.Map(departure_time))
+              | "event time" >> beam.Map(departure_time)
+              | "progress events" >> beam.ParDo(LogProgress("events read")))
     # Both transforms read every event, so their costs add up (sequential
     # composition): half the budget each keeps the total at epsilon.
-    count = events | COUNT_LABEL >> dpb.ContinualCount(epsilon=epsilon / 2, step=STEP)
+    count = events | COUNT_LABEL >> dpb.ContinualCount(epsilon=epsilon / 2, step=STEP, rng=seed)
     delay = events | SUM_LABEL >> dpb.ContinualSum(
         value_fn=delay_minutes, lower=DELAY_LOWER, upper=DELAY_UPPER,
-        epsilon=epsilon / 2, step=STEP)
+        epsilon=epsilon / 2, step=STEP, rng=seed)
+    budget = dpb.Budget(epsilon=epsilon)
+    accountings = {COUNT_LABEL: count.accounting, SUM_LABEL: delay.accounting}
     report = ((count.accounting, delay.accounting)
-              | "check budget" >> dpb.CombineAccounting(dpb.Budget(epsilon=epsilon)))
+              | "check budget" >> dpb.CombineAccounting(budget))
 
-    paths = {name: os.path.join(output_dir, f"{name}.jsonl")
+    paths = {name: _join(output_dir, f"{name}.jsonl")
              for name in ("releases", "ledger", "report", "invalid")}
     outputs = {
         "releases": (count.releases, delay.releases),
@@ -75,8 +129,11 @@ def build(p, epsilon, output_dir, limit_days=None):
     }
     for name, pcolls in outputs.items():
         merged = pcolls[0] if len(pcolls) == 1 else pcolls | f"merge {name}" >> beam.Flatten()
+        if name == "releases":
+            merged = merged | "progress releases" >> beam.ParDo(
+                LogProgress("steps released", _describe_release))
         merged | f"write {name}" >> dpb.io.WriteJsonLines(paths[name])
-    return paths
+    return paths, accountings, budget
 
 
 def running_truth(flights, step_seconds):
@@ -102,8 +159,10 @@ def running_truth(flights, step_seconds):
 
 
 def read_jsonl(path):
-    with open(path) as fh:
-        return [json.loads(line) for line in fh if line.strip()]
+    # FileSystems reads local and gs:// paths alike.
+    with FileSystems.open(path) as fh:
+        return [json.loads(line) for line in fh.read().decode("utf-8").splitlines()
+                if line.strip()]
 
 
 def ledger_epsilon(entries):
@@ -113,7 +172,9 @@ def ledger_epsilon(entries):
     return {r.unit: r.epsilon for r in dpb.accounting.compose(records) if r.epsilon is not None}
 
 
-def summarise(paths, elapsed, out=sys.stdout):
+def summarise(paths, elapsed, out=None):
+    # Resolved per call: a default bound at import would keep a replaced stream.
+    out = out or sys.stdout
     releases = read_jsonl(paths["releases"])
     invalid = read_jsonl(paths["invalid"])
     ledger = read_jsonl(paths["ledger"])
@@ -140,9 +201,12 @@ def summarise(paths, elapsed, out=sys.stdout):
             print(f"budget check ({rep['unit']}-level): {rep['note']}", file=out)
 
 
-def parse_args(argv):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--output", required=True, help="directory for the outputs")
+def make_parser():
+    parser = argparse.ArgumentParser(
+        prog="continual_count", description=__doc__.split("\n\n")[0],
+        epilog="Any other --flag is a Beam pipeline option (runner, workers, GCP project...).")
+    parser.add_argument("--output", required=True,
+                        help="folder for the outputs: a local path or gs://bucket/folder")
     parser.add_argument("--epsilon", type=float, default=1.0, help="total privacy budget")
     parser.add_argument("--days", type=int, default=None,
                         help="use only the first N days of 2013 (quick runs)")
@@ -151,19 +215,85 @@ def parse_args(argv):
     parser.add_argument("--runner", default="FnApiRunner",
                         help="Beam runner; pinned because the default one tries to download "
                              "a binary first")
-    return parser.parse_known_args(argv)
+    parser.add_argument("--seed", type=int, default=None,
+                        help="TESTS ONLY: derive all noise from this seed (releases are then "
+                             "NOT private); default: secure noise from OS entropy")
+    parser.add_argument("--no_wait", "--no-wait", action="store_true",
+                        help="submit the job and return without waiting, summary or plot "
+                             "(what a Dataflow Flex Template launcher needs)")
+    return parser
+
+
+def parse_args(argv):
+    return make_parser().parse_known_args(argv)
+
+
+def _output_dir(path, create=True):
+    if "://" in path:
+        return path.rstrip("/")
+    path = os.path.abspath(path)
+    if create:
+        os.makedirs(path, exist_ok=True)
+    return path
+
+
+def _construct(args, beam_args, create_output=True):
+    options = PipelineOptions(beam_args, runner=args.runner)
+    p = beam.Pipeline(options=options)
+    paths, accountings, budget = _build(p, args.epsilon, _output_dir(args.output, create_output),
+                                        limit_days=args.days, seed=args.seed)
+    return p, paths, accountings, budget
+
+
+PLAN_ONLY_OUTPUT = "unused-plan-only-output"
+
+
+def build_pipeline(argv):
+    """Constructs the job without running it: ``(pipeline, {label: accounting}, budget)``.
+
+    Construction already checks the plan against the budget (``ValueError``
+    when over); ``dp-beam plan`` prints the plan from these. Nothing is
+    written, so ``--output`` may be left out.
+    """
+    argv = list(argv)
+    if not any(a == "--output" or a.startswith("--output=") for a in argv):
+        argv += ["--output", PLAN_ONLY_OUTPUT]
+    args, beam_args = parse_args(argv)
+    p, _, accountings, budget = _construct(args, beam_args, create_output=False)
+    return p, accountings, budget
+
+
+def log_metrics(result):
+    """Logs the dp_beam counters of a finished run (totals over all workers)."""
+    try:
+        counters = result.metrics().query(MetricsFilter().with_namespace("dp_beam"))["counters"]
+    except Exception:  # some runners do not report metrics; progress is informational only
+        return
+    for c in sorted(counters, key=lambda c: c.key.metric.name):
+        if c.committed or c.attempted:
+            _LOG.info("metric %s = %s", c.key.metric.name,
+                      c.committed if c.committed is not None else c.attempted)
 
 
 def main(argv=None):
     args, beam_args = parse_args(argv)
-    output_dir = os.path.abspath(args.output)
-    os.makedirs(output_dir, exist_ok=True)
-
     start = time.perf_counter()
-    options = PipelineOptions(beam_args, runner=args.runner)
-    with beam.Pipeline(options=options) as p:
-        paths = build(p, args.epsilon, output_dir, limit_days=args.days)
+    p, paths, _, _ = _construct(args, beam_args)
+    _LOG.info("running continual_count on %s; outputs under %s", args.runner,
+              os.path.dirname(paths["releases"]))
+    result = p.run()
+    if args.no_wait:
+        _LOG.info("submitted; not waiting for the job to finish")
+        return paths
+    state = result.wait_until_finish()
+    if state is not None and state != PipelineState.DONE:
+        raise RuntimeError(f"the pipeline ended in state {state}")
     elapsed = time.perf_counter() - start
+    log_metrics(result)
+    if "://" in paths["releases"]:
+        summarise(paths, elapsed)
+        print("plot: skipped for a remote output; render it with `dp-beam report`")
+        return paths
 
     from pipelines.plotting import plot_releases
 
@@ -176,6 +306,7 @@ def main(argv=None):
     truth = None
     if args.truth:
         truth = running_truth(load_flights(limit_days=args.days), int(STEP.total_seconds()))
+    output_dir = os.path.dirname(paths["releases"])
     png = plot_releases(paths["releases"], os.path.join(output_dir, "continual_count.png"),
                         truth=truth, titles=titles)
     summarise(paths, elapsed)
@@ -184,4 +315,7 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
+    from dp_beam.cli import configure_logging
+
+    configure_logging(0)
     main()

