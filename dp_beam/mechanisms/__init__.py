@@ -40,3 +40,23 @@ __all__ = [
     "gaussian_sigma",
     "laplace_scale",
 ]
+
+# Near-optimal continual counting: factorisation mechanisms with the tree's interface.
+from .blt import BLTMechanism
+from .factorisation import prefix_sum_lower_bound
+from .honaker import HonakerTreeMechanism
+from .registry import MECHANISMS, get_mechanism, participation_norm, participation_sensitivity
+from .smooth_binary import SmoothBinaryMechanism
+from .toeplitz import SqrtToeplitzMechanism
+
+__all__ += [
+    "HonakerTreeMechanism",
+    "SmoothBinaryMechanism",
+    "BLTMechanism",
+    "SqrtToeplitzMechanism",
+    "MECHANISMS",
+    "get_mechanism",
+    "participation_norm",
+    "participation_sensitivity",
+    "prefix_sum_lower_bound",
+]

@@ -1,0 +1,578 @@
+"""Shared machinery of the matrix-factorisation continual-counting mechanisms.
+
+Every mechanism here releases prefix sums ``A x`` (A the T×T lower-triangular
+all-ones matrix) as ``B (R x + z)`` for a factorisation ``A = B R``: the right
+factor R is what the noise ``z`` protects, so its largest column norm is the
+sensitivity (L2 for Gaussian, L1 for Laplace noise), and the left factor B
+carries the noise into the releases, so release t has noise std
+``scale · ‖B[t, :]‖₂`` (Li, Miklau et al. 2015 "The matrix mechanism";
+Denisov, McMahan, Rush, Smith, Thakurta 2022; Fichtenberger, Henzinger,
+Upadhyay 2023 for the max-error objective). The mechanisms never build the
+matrices; they stream ``B (R x + z)`` with small state. The classes'
+``right_factor`` methods build R for small T so that tests can check
+``B R = A`` against the streaming code.
+
+:class:`FactorisationMechanism` holds what the mechanisms share with
+:class:`~dp_beam.mechanisms.tree.BinaryTreeMechanism`: the constructor and its
+validation, calibration, privacy cost, the unbounded-stream construction and
+(de)serialisation. A subclass supplies a *plan* (public constants for one
+horizon) and a *core* (the per-horizon streaming state).
+"""
+
+import functools
+import math
+import numbers
+
+import numpy as np
+from scipy import integrate, optimize
+
+from .calibration import CALIBRATIONS, gaussian_sigma, laplace_scale, rho_from_eps, rho_from_eps_delta
+from .noise import gaussian_halfwidth, laplace_sum_halfwidth, make_noise
+from .tree import BinaryTreeMechanism
+
+__all__ = [
+    "FactorisationMechanism",
+    "prefix_sum_matrix",
+    "prefix_sum_lower_bound",
+    "laplace_combination_halfwidth",
+    "tree_participation_norm",
+    "toeplitz_participation_norm",
+]
+
+NOISE_KINDS = ("laplace", "gaussian")
+
+
+def prefix_sum_matrix(horizon):
+    """The T×T lower-triangular all-ones matrix A (release t = Σ_{s<=t} x_s)."""
+    return np.tril(np.ones((horizon, horizon)))
+
+
+def prefix_sum_lower_bound(horizon):
+    """Lower bound on the max per-step std of *any* factorisation of A_T.
+
+    For ``A = B R`` with unit-sensitivity calibration the largest per-step
+    std is ``max_t ‖B[t]‖₂ · max_s ‖R[:, s]‖₂ >= γ₂(A) >= ‖A‖_* / T``
+    (the trace-norm bound on the factorisation norm γ₂, e.g. Lee, Shraibman,
+    Špalek 2008; used for continual counting by Fichtenberger, Henzinger,
+    Upadhyay 2023 and Henzinger, Upadhyay, Upadhyay 2023). The singular
+    values of A_T are known in closed form,
+    ``1 / (2 sin((2j−1)π / (4T+2)))`` for j = 1..T, so the bound is exact
+    arithmetic, not an SDP: 2.910 at T = 2^10, 4.232 at 2^16, 5.115 at 2^20.
+    """
+    j = np.arange(1, horizon + 1, dtype=np.float64)
+    singular = 0.5 / np.sin((2.0 * j - 1.0) * math.pi / (4.0 * horizon + 2.0))
+    return float(singular.sum() / horizon)
+
+
+def _check_step_index(t):
+    if isinstance(t, bool) or not isinstance(t, numbers.Integral) or t < 1:
+        raise ValueError(f"t must be an int >= 1, got {t!r}")
+    return int(t)
+
+
+# -- exact confidence intervals for weighted sums of Laplace noises ---------------
+
+
+def _combination_cdf_abs(x, scales, counts):
+    """P(|S| <= x) for S a sum of ``counts[i]`` i.i.d. Lap(scales[i]) each; max scale 1.
+
+    Gil-Pelaez as in :mod:`~dp_beam.mechanisms.noise` (whose private routine
+    takes one entry per term), with multiplicities as exponents so that a
+    term repeated 2^16 times costs one factor.
+    """
+    if x <= 0.0:
+        return 0.0
+    b2 = np.asarray(scales, dtype=np.float64) ** 2
+    m = np.asarray(counts, dtype=np.float64)
+
+    def log_phi(u):
+        return -np.sum(m * np.log1p(b2 * u * u))
+
+    def head(u):
+        if u == 0.0:
+            return x
+        return math.sin(u * x) / u * math.exp(log_phi(u))
+
+    def tail(u):
+        return math.exp(log_phi(u)) / u
+
+    head_val, _ = integrate.quad(head, 0.0, 1.0, limit=200, epsabs=1e-13, epsrel=1e-12)
+    tail_val, _ = integrate.quad(tail, 1.0, np.inf, weight="sin", wvar=x, limlst=100, epsabs=1e-13)
+    return min(max((2.0 / math.pi) * (head_val + tail_val), 0.0), 1.0)
+
+
+@functools.lru_cache(maxsize=4096)
+def _normalised_combination_halfwidth(terms, level):
+    scales = [s for s, _ in terms]
+    counts = [c for _, c in terms]
+    std = math.sqrt(sum(2.0 * s * s * c for s, c in terms))
+    # Chebyshev: P(|S| > x) <= std²/x², so the root is below std/√(1−level).
+    upper = std / math.sqrt(1.0 - level) * 1.01 + 1e-9
+    return optimize.brentq(
+        lambda x: _combination_cdf_abs(x, scales, counts) - level, 0.0, upper, xtol=1e-12, rtol=1e-11, maxiter=200
+    )
+
+
+def laplace_combination_halfwidth(scales, counts, level=0.95):
+    """Exact half-width of the central ``level`` interval of ``Σ_i Σ_{counts[i]} Lap(scales[i])``.
+
+    The multiplicity-aware form of
+    :func:`~dp_beam.mechanisms.noise.laplace_sum_halfwidth`, for releases
+    that are fixed linear combinations of many equally weighted Laplace
+    noises (the Honaker estimator weights a whole subtree level alike).
+    """
+    if not 0.0 < float(level) < 1.0:
+        raise ValueError(f"level must be in (0, 1), got {level!r}")
+    merged = {}
+    for s, c in zip(scales, counts):
+        s = abs(float(s))
+        if s > 0 and c > 0:
+            merged[s] = merged.get(s, 0) + int(c)
+    if not merged:
+        return 0.0
+    if sum(merged.values()) <= 64:
+        return laplace_sum_halfwidth([s for s, c in merged.items() for _ in range(c)], level)
+    bmax = max(merged)
+    key = tuple(sorted((round(s / bmax, 12), c) for s, c in merged.items()))
+    return bmax * _normalised_combination_halfwidth(key, float(level))
+
+
+# -- sensitivity under multiple participation ------------------------------------
+
+
+def _max_points(length, sep):
+    """Most steps with pairwise gaps >= sep inside ``length`` consecutive steps."""
+    return (length - 1) // sep + 1 if length > 0 else 0
+
+
+def tree_participation_norm(horizon, k, b, levels, leaves_per_level=None, levels_per_leaf=None):
+    """Upper bound on ``max_P ‖Σ_{s∈P} R[:, s]‖₂`` for a 0/1 dyadic-node right factor R.
+
+    P ranges over patterns of at most k steps in ``1..horizon`` with
+    consecutive steps at least b apart; R has a row per node, nodes of one
+    level cover disjoint runs of steps. ``‖Σ_P R[:, s]‖² = Σ_nodes n²`` with n
+    the number of pattern steps in the node, and at level ℓ the n's sum to
+    at most k and are each at most ``m_ℓ`` (the most b-separated steps in a
+    node), so ``Σ n² <= ⌊k/m⌋m² + (k mod m)²``. The sum over levels is an
+    upper bound; it is attained by the full tree when T and b are powers of
+    two and ``k·b <= T`` (greedy steps 1, 1+b, … then fill aligned nodes at
+    every level at once).
+    ``leaves_per_level[ℓ]`` caps the steps a level-ℓ node can hold (the
+    smooth binary mechanism leaves gaps); ``levels_per_leaf`` (every column
+    has that many ones) adds the triangle-inequality cap ``k·√levels_per_leaf``.
+    """
+    k = min(k, _max_points(horizon, b))
+    total = 0
+    for ell in range(levels):
+        span = 1 << ell if leaves_per_level is None else leaves_per_level[ell]
+        m = min(k, _max_points(span, b))
+        if m == 0:
+            continue
+        total += (k // m) * m * m + (k % m) ** 2
+    norm = math.sqrt(total)
+    if levels_per_leaf is not None:
+        norm = min(norm, k * math.sqrt(levels_per_leaf))
+    return norm
+
+
+def toeplitz_participation_norm(column, k, b):
+    """``max_P ‖Σ_{s∈P} C[:, s]‖₂`` for lower-triangular Toeplitz C with first column ``column``.
+
+    If the column is non-negative and non-increasing, the greedy pattern
+    (steps 1, 1+b, 1+2b, …, as many as fit, at most k) attains the maximum
+    (Kalinin & Lampert 2024, "Banded square root matrix factorization for
+    differentially private model training"). Proof: ``‖Σ_P C[:, j]‖² =
+    Σ_{j, j' ∈ P} ⟨C[:, j], C[:, j']⟩`` and, for ``j <= j'``, ``⟨C[:, j],
+    C[:, j']⟩ = Σ_{r < T−j'} c_r c_{r + j'−j}`` is non-increasing in the gap
+    ``j' − j`` and non-decreasing in the length ``T − j'`` (all terms are
+    >= 0 and c is non-increasing). The m-th step of any admissible pattern is
+    at or after ``m·b`` and the gap between its m-th and m'-th steps is at
+    least ``(m'−m)·b``, so every pairwise term of the greedy pattern is at
+    least the corresponding term of the other pattern, and using all k steps
+    only adds non-negative terms. Tests check it against exhaustive search.
+    """
+    column = np.asarray(column, dtype=np.float64)
+    if np.any(column < 0) or np.any(np.diff(column) > 1e-15 * max(1.0, float(column[0]))):
+        raise ValueError("column must be non-negative and non-increasing for the greedy pattern to be optimal")
+    horizon = column.size
+    k = min(k, _max_points(horizon, b))
+    total = np.zeros(horizon)
+    for j in range(k):
+        start = j * b
+        total[start:] += column[: horizon - start]
+    return float(np.linalg.norm(total))
+
+
+# -- the shared mechanism ---------------------------------------------------------
+
+
+class FactorisationMechanism:
+    """Base of the streaming factorisation mechanisms (constructor as the tree's).
+
+    Subclasses set ``name``, ``STATE_VERSION``, ``LAPLACE`` (whether Laplace
+    noise is offered) and implement the class methods ``_plan(horizon)``
+    (public constants: ``l1``, ``l2`` column norms and whatever the core
+    needs), ``_var_factor(plan, t)`` (``‖B[t]‖²`` in units of the noise
+    scale²), ``_laplace_terms(plan, t)`` (``[(coefficient, multiplicity)]`` of
+    the release noise) and the instance methods ``_core_new(plan)``,
+    ``_core_step(plan, core, x)``, ``_core_release(plan, core)``,
+    ``_core_to_state(core)``, ``_core_from_state(plan, data, t)``.
+
+    Unbounded streams (``horizon=None``)
+        As the tree's construction U2 (tree.py): epoch k runs its own
+        mechanism over ``L_k`` steps (``L_k = 2^k`` unless the subclass caps
+        it), calibrated for the *whole* sensitivity Δ of a privacy unit; the
+        release is the sum of the final releases of completed epochs plus the
+        current epoch's release. Epochs see disjoint steps and each is a
+        Gaussian (resp. Laplace) mechanism on its own right factor, so a unit
+        that spreads its Δ as ``D_k`` over epochs (``Σ D_k <= Δ``) costs
+        ``Σ (D_k/Δ)² ρ <= ρ`` (resp. ``Σ (D_k/Δ) ε <= ε``); the analytic
+        Gaussian argument of tree.py applies unchanged. Final releases of
+        completed epochs are post-processing; only their sum is kept.
+    """
+
+    name = None
+    STATE_VERSION = 1
+    LAPLACE = True
+    #: Largest horizon (and epoch length) supported; None for no limit.
+    MAX_HORIZON = None
+
+    def __init__(
+        self,
+        epsilon,
+        sensitivity=1.0,
+        horizon=None,
+        noise="laplace",
+        delta=None,
+        dim=1,
+        rng=None,
+        calibration="zcdp",
+    ):
+        self._epsilon = BinaryTreeMechanism._check_epsilon(epsilon)
+        self._sensitivity = BinaryTreeMechanism._check_sensitivity(sensitivity)
+        self._horizon = BinaryTreeMechanism._check_horizon(horizon)
+        if self.MAX_HORIZON is not None and self._horizon is not None and self._horizon > self.MAX_HORIZON:
+            raise ValueError(
+                f"horizon must be <= {self.MAX_HORIZON} for {self.name} (its state grows linearly "
+                f"with the horizon), got {self._horizon}"
+            )
+        if noise not in NOISE_KINDS:
+            raise ValueError(f"noise must be one of {NOISE_KINDS}, got {noise!r}")
+        if noise == "laplace" and not self.LAPLACE:
+            raise ValueError(
+                f"noise must be 'gaussian' for {self.name}: {self._laplace_refusal()}"
+            )
+        self._noise = noise
+        if calibration not in CALIBRATIONS:
+            raise ValueError(f"calibration must be one of {CALIBRATIONS}, got {calibration!r}")
+        self._calibration = calibration
+        self._delta = BinaryTreeMechanism._check_delta(delta, noise)
+        if isinstance(dim, bool) or not isinstance(dim, numbers.Integral) or dim < 1:
+            raise ValueError(f"dim must be an int >= 1, got {dim!r}")
+        self._dim = int(dim)
+        self._source = make_noise(rng)
+
+        if noise == "laplace":
+            self._rho = rho_from_eps(self._epsilon)
+        elif calibration == "zcdp":
+            self._rho = rho_from_eps_delta(self._epsilon, self._delta)
+        else:
+            # σ is proportional to the L2 sensitivity, so s²/(2σ²) does not
+            # depend on the horizon's column norm (as in tree.py).
+            unit_sigma = gaussian_sigma(1.0, self._epsilon, self._delta, "analytic")
+            self._rho = 1.0 / (2.0 * unit_sigma * unit_sigma)
+
+        self._scales = {}
+        self._t = 0
+        if self._horizon is not None:
+            self._core = self._core_new(self._plan_of(self._horizon))
+            self._roots = None
+        else:
+            self._core = None
+            self._roots = np.zeros(self._dim, dtype=np.float64)
+
+    def _plan_of(self, horizon):
+        """The plan this instance uses for a mechanism over ``horizon`` steps."""
+        return self._plan(horizon)
+
+    @classmethod
+    def _laplace_refusal(cls):
+        return "Laplace noise is not offered"
+
+    # -- validation (same messages as the tree) --------------------------------
+
+    def _check_t(self, t):
+        t = _check_step_index(t)
+        if self._horizon is not None and t > self._horizon:
+            raise ValueError(f"t must be <= horizon ({self._horizon}), got {t}")
+        return t
+
+    _check_x = BinaryTreeMechanism._check_x
+
+    # -- public parameters --------------------------------------------------------
+
+    epsilon = property(lambda self: self._epsilon)
+    sensitivity = property(lambda self: self._sensitivity)
+    horizon = property(lambda self: self._horizon)
+    noise = property(lambda self: self._noise)
+    delta = property(lambda self: self._delta)
+    dim = property(lambda self: self._dim)
+    calibration = property(lambda self: self._calibration)
+    noise_source = property(lambda self: self._source, doc="The NoiseSource noise is drawn from.")
+    rho = property(lambda self: self._rho, doc="ρ such that the whole output sequence is ρ-zCDP.")
+    t = property(lambda self: self._t, doc="Number of steps consumed.")
+
+    # -- epochs ---------------------------------------------------------------------
+
+    @classmethod
+    def _epoch_length(cls, k):
+        length = 1 << k
+        if cls.MAX_HORIZON is not None:
+            length = min(length, cls.MAX_HORIZON)
+        return length
+
+    @classmethod
+    def _epoch_of(cls, t):
+        """``(k, start, length)``: epoch k holds steps ``start .. start+length−1``."""
+        start, k = 1, 0
+        while True:
+            length = cls._epoch_length(k)
+            if cls.MAX_HORIZON is not None and length == cls.MAX_HORIZON:
+                # From here on every epoch has the same length.
+                extra = (t - start) // length
+                return k + extra, start + extra * length, length
+            if t < start + length:
+                return k, start, length
+            start += length
+            k += 1
+
+    def _scale(self, horizon):
+        """Noise scale (Laplace b or Gaussian σ) of a mechanism over ``horizon`` steps."""
+        scale = self._scales.get(horizon)
+        if scale is None:
+            plan = self._plan_of(horizon)
+            if self._noise == "laplace":
+                scale = laplace_scale(plan.l1 * self._sensitivity, self._epsilon)
+            else:
+                scale = gaussian_sigma(plan.l2 * self._sensitivity, self._epsilon, self._delta, self._calibration)
+            self._scales[horizon] = scale
+        return scale
+
+    def _segments(self, t):
+        """``[(horizon, local t)]``: the mechanisms whose noise the release at t sums."""
+        if self._horizon is not None:
+            return [(self._horizon, t)]
+        k, start, length = self._epoch_of(t)
+        segments = []
+        for j in range(k):
+            ell = self._epoch_length(j)
+            segments.append((ell, ell))
+        segments.append((length, t - start + 1))
+        return segments
+
+    # -- noise ------------------------------------------------------------------------
+
+    def noise_std(self, t):
+        """Standard deviation of each coordinate of the release at step t (1-based).
+
+        ``scale·‖B[t]‖₂`` for the mechanism's left factor B (×√2 for Laplace),
+        summed in variance over the completed epochs of an unbounded stream.
+        Exact, not a bound.
+        """
+        t = self._check_t(t)
+        factor = 2.0 if self._noise == "laplace" else 1.0
+        var = 0.0
+        for horizon, local in self._segments(t):
+            scale = self._scale(horizon)
+            var += scale * scale * self._var_factor(self._plan_of(horizon), local)
+        return math.sqrt(factor * var)
+
+    def ci_halfwidth(self, t, level=0.95):
+        """Half-width x with ``P(|noise| <= x) = level`` for each coordinate at step t.
+
+        Gaussian: the normal quantile (the noise is a linear map of Gaussians).
+        Laplace: exact inversion of the distribution of the weighted Laplace
+        sum (:func:`laplace_combination_halfwidth`).
+        """
+        if self._noise == "gaussian":
+            return gaussian_halfwidth(self.noise_std(t), level)
+        t = self._check_t(t)
+        scales, counts = [], []
+        for horizon, local in self._segments(t):
+            scale = self._scale(horizon)
+            for coef, count in self._laplace_terms(self._plan_of(horizon), local):
+                scales.append(abs(coef) * scale)
+                counts.append(count)
+        return laplace_combination_halfwidth(scales, counts, level)
+
+    def privacy_cost(self):
+        """``{"epsilon", "delta", "rho"}`` of the whole output sequence (as the tree's)."""
+        return {
+            "epsilon": self._epsilon,
+            "delta": 0.0 if self._delta is None else self._delta,
+            "rho": self._rho,
+        }
+
+    def state_size(self):
+        """Number of floats in the state (see the class docstring for the bound)."""
+        size = 0 if self._core is None else self._core_floats(self._core)
+        if self._roots is not None:
+            size += self._roots.size
+        return int(size)
+
+    def _draw(self, scale, count):
+        """``count`` noise vectors of length dim, drawn in one call (order is part of the state)."""
+        size = count * self._dim
+        if self._noise == "laplace":
+            values = self._source.laplace(scale, size)
+        else:
+            values = self._source.gaussian(scale, size)
+        return values.reshape(count, self._dim)
+
+    # -- stepping ---------------------------------------------------------------------
+
+    def step(self, x):
+        """Consume the next element x and return the noisy prefix sum through it.
+
+        x is a number (dim 1) or an array of shape ``(dim,)``, finite. Returns
+        a float when ``dim == 1``, else a new array of shape ``(dim,)``.
+        """
+        arr = self._check_x(x)
+        t = self._t + 1
+        if self._horizon is not None:
+            if t > self._horizon:
+                raise ValueError(f"horizon exceeded: horizon is {self._horizon}, step {t} requested")
+            plan = self._plan_of(self._horizon)
+            self._core_step(plan, self._core, arr, self._scale(self._horizon))
+            self._t = t
+            return self._output(self._core_release(plan, self._core))
+        k, start, length = self._epoch_of(t)
+        plan = self._plan_of(length)
+        if t == start:
+            self._core = self._core_new(plan)
+        self._core_step(plan, self._core, arr, self._scale(length))
+        self._t = t
+        value = self._roots + self._core_release(plan, self._core)
+        if t == start + length - 1:
+            self._roots = value
+            self._core = None
+        return self._output(value)
+
+    def current(self):
+        """The current release without consuming input (0 before the first step)."""
+        if self._core is None:
+            value = self._roots if self._roots is not None else np.zeros(self._dim)
+        else:
+            horizon = self._horizon if self._horizon is not None else self._epoch_of(self._t)[2]
+            value = self._core_release(self._plan_of(horizon), self._core)
+            if self._roots is not None:
+                value = self._roots + value
+        return self._output(value)
+
+    def _output(self, value):
+        if self._dim == 1:
+            return float(value[0])
+        return np.array(value, dtype=np.float64, copy=True)
+
+    # -- serialisation ------------------------------------------------------------------
+
+    def to_state(self):
+        """Plain dict (ints, floats, strings, lists, None) holding everything
+        needed to continue; JSON- and pickle-friendly. The noise source is not
+        included: a restored mechanism gets its own (:meth:`from_state`)."""
+        return {
+            "mechanism": self.name,
+            "version": self.STATE_VERSION,
+            "epsilon": self._epsilon,
+            "sensitivity": self._sensitivity,
+            "horizon": self._horizon,
+            "noise": self._noise,
+            "delta": self._delta,
+            "dim": self._dim,
+            "calibration": self._calibration,
+            "t": self._t,
+            "core": None if self._core is None else self._core_to_state(self._core),
+            "roots": None if self._roots is None else self._roots.tolist(),
+        }
+
+    @classmethod
+    def from_state(cls, state, rng=None):
+        """Rebuild a mechanism from :meth:`to_state` output.
+
+        ``rng`` is resolved like the constructor's (None → secure noise). With
+        a noise source positioned where the original's was, the restored
+        mechanism releases exactly what the original would have.
+        """
+        if not isinstance(state, dict):
+            raise ValueError(f"state must be a dict, got {type(state).__name__}")
+        if state.get("mechanism") != cls.name:
+            raise ValueError(f"state is not a {cls.name!r} state: mechanism={state.get('mechanism')!r}")
+        if state.get("version") != cls.STATE_VERSION:
+            raise ValueError(f"unsupported state version {state.get('version')!r}, expected {cls.STATE_VERSION}")
+        try:
+            mech = cls(
+                epsilon=state["epsilon"],
+                sensitivity=state["sensitivity"],
+                horizon=state["horizon"],
+                noise=state["noise"],
+                delta=state["delta"],
+                dim=state["dim"],
+                rng=rng,
+                calibration=state["calibration"],
+            )
+            t = state["t"]
+            core = state["core"]
+            roots = state["roots"]
+        except KeyError as err:
+            raise ValueError(f"state is missing field {err.args[0]!r}") from None
+        if isinstance(t, bool) or not isinstance(t, numbers.Integral) or t < 0:
+            raise ValueError(f"state t must be an int >= 0, got {t!r}")
+        t = int(t)
+        if mech._horizon is not None:
+            if t > mech._horizon:
+                raise ValueError(f"state t={t} exceeds horizon {mech._horizon}")
+            if core is None or roots is not None:
+                raise ValueError("state of a bounded mechanism needs core and no roots")
+            plan, local = mech._plan_of(mech._horizon), t
+        else:
+            if roots is None:
+                raise ValueError("state of an unbounded mechanism needs roots")
+            roots_arr = np.asarray(roots, dtype=np.float64)
+            if roots_arr.shape != (mech._dim,) or not np.all(np.isfinite(roots_arr)):
+                raise ValueError(f"state roots must be {mech._dim} finite floats")
+            mech._roots = roots_arr.copy()
+            if t == 0:
+                epoch_open = False
+            else:
+                k, start, length = cls._epoch_of(t)
+                epoch_open = t != start + length - 1
+            if (core is not None) != epoch_open:
+                raise ValueError(f"state core does not match t={t} of an unbounded mechanism")
+            if epoch_open:
+                k, start, length = cls._epoch_of(t)
+                plan, local = mech._plan_of(length), t - start + 1
+        if core is None:
+            mech._core = None
+        else:
+            if not isinstance(core, dict):
+                raise ValueError("state core must be a dict")
+            try:
+                mech._core = mech._core_from_state(plan, core, local)
+            except (KeyError, TypeError, ValueError) as err:
+                raise ValueError(f"state core is invalid: {err}") from None
+        mech._t = t
+        return mech
+
+    @staticmethod
+    def _array(data, shape, what):
+        arr = np.asarray(data, dtype=np.float64)
+        if arr.shape != shape or not np.all(np.isfinite(arr)):
+            raise ValueError(f"{what} must be finite floats of shape {shape}")
+        return arr.copy()
+
+    def __repr__(self):
+        return (
+            f"{type(self).__name__}(epsilon={self._epsilon!r}, sensitivity={self._sensitivity!r}, "
+            f"horizon={self._horizon!r}, noise={self._noise!r}, delta={self._delta!r}, "
+            f"dim={self._dim!r}, calibration={self._calibration!r}, t={self._t})"
+        )

@@ -1,0 +1,91 @@
+"""Continual-counting mechanisms by name, and their sensitivity under multiple participation.
+
+All mechanisms share the constructor and methods of
+:class:`~dp_beam.mechanisms.tree.BinaryTreeMechanism`, so a transform can
+take ``mechanism="blt"`` and build any of them with the same arguments.
+"""
+
+import math
+import numbers
+
+from .blt import BLTMechanism
+from .factorisation import tree_participation_norm
+from .honaker import HonakerTreeMechanism
+from .smooth_binary import SmoothBinaryMechanism
+from .toeplitz import SqrtToeplitzMechanism
+from .tree import BinaryTreeMechanism
+
+__all__ = ["MECHANISMS", "get_mechanism", "participation_norm", "participation_sensitivity"]
+
+MECHANISMS = {
+    "tree": BinaryTreeMechanism,
+    "honaker": HonakerTreeMechanism,
+    "smooth_binary": SmoothBinaryMechanism,
+    "blt": BLTMechanism,
+    "sqrt_toeplitz": SqrtToeplitzMechanism,
+}
+
+
+def get_mechanism(name):
+    """The mechanism class registered under ``name`` (a key of :data:`MECHANISMS`)."""
+    try:
+        return MECHANISMS[name]
+    except (KeyError, TypeError):
+        raise ValueError(f"mechanism must be one of {sorted(MECHANISMS)}, got {name!r}") from None
+
+
+def _positive_int(name, value):
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+        raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+    return int(value)
+
+
+def _single_and_multi(mechanism_name, horizon, k, b):
+    cls = get_mechanism(mechanism_name)
+    if cls is BinaryTreeMechanism:
+        # The tree's right factor has one row per p-sum node (left children
+        # only); the full-tree bound covers it.
+        levels = horizon.bit_length()
+        return math.sqrt(levels), tree_participation_norm(horizon, k, b, levels)
+    return cls._plan(horizon).l2, cls.participation_norm(horizon, k, b)
+
+
+def participation_norm(mechanism_name, horizon, k, b):
+    """``max_P ‖Σ_{s∈P} R[:, s]‖₂`` for the mechanism's right factor R over ``horizon`` steps.
+
+    P ranges over the participation patterns of one privacy unit: at most k
+    steps, consecutive ones at least b steps apart (b = 1: any k steps),
+    each contributing a change of L2 norm <= 1. Exact for ``blt`` and
+    ``sqrt_toeplitz`` (greedy pattern, see
+    :func:`~dp_beam.mechanisms.factorisation.toeplitz_participation_norm`);
+    an upper bound for the tree family (attained for ``honaker`` when T and
+    b are powers of two and k·b <= T), which is what calibration needs.
+    """
+    horizon = _positive_int("horizon", horizon)
+    return _single_and_multi(mechanism_name, horizon, _positive_int("k", k), _positive_int("b", b))[1]
+
+
+def participation_sensitivity(mechanism_name, horizon, k, b):
+    """The ``sensitivity`` to pass for a unit in up to k steps at least b apart.
+
+    Mechanisms calibrate their noise to ``sensitivity × (largest single
+    column norm of R)``; a unit with per-step L2 change <= 1 in each of its
+    steps moves ``R x`` by at most :func:`participation_norm`, so the
+    multiplier is ``participation_norm / single column norm`` (<= k by the
+    triangle inequality, usually much less for the Toeplitz factorisations;
+    for vectors the worst case aligns all changes, as R >= 0 entrywise).
+    Multiply by the per-step L2 bound of the unit's change.
+
+    ``horizon=None`` (unbounded, epoch construction) returns k: the unit's
+    steps may straddle epochs of different right factors, and the
+    triangle-inequality multiplier is valid for every split (the U2 argument
+    in tree.py needs ``Σ_k D_k <= Δ`` with D_k the per-epoch change).
+    """
+    k = _positive_int("k", k)
+    b = _positive_int("b", b)
+    if horizon is None:
+        get_mechanism(mechanism_name)
+        return float(k)
+    horizon = _positive_int("horizon", horizon)
+    single, multi = _single_and_multi(mechanism_name, horizon, k, b)
+    return multi / single

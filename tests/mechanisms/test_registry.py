@@ -1,0 +1,76 @@
+"""Mechanism registry and participation sensitivity (dp_beam.mechanisms.registry)."""
+
+import math
+
+import numpy as np
+import pytest
+
+from dp_beam.mechanisms import (
+    MECHANISMS,
+    BinaryTreeMechanism,
+    ZeroNoise,
+    get_mechanism,
+    participation_norm,
+    participation_sensitivity,
+)
+
+from .participation_helpers import brute_force_norm
+
+
+def test_registry_names_match_classes():
+    assert set(MECHANISMS) == {"tree", "honaker", "smooth_binary", "blt", "sqrt_toeplitz"}
+    for name, cls in MECHANISMS.items():
+        assert cls.name == name and get_mechanism(name) is cls
+        mech = cls(1.0, horizon=16, noise="gaussian", delta=1e-6, rng=ZeroNoise())
+        assert mech.step(2.0) == 2.0 and mech.t == 1
+        for method in ("noise_std", "ci_halfwidth", "privacy_cost", "state_size", "to_state", "from_state"):
+            assert callable(getattr(mech, method))
+
+
+@pytest.mark.parametrize("bad", ["binary", None, 3])
+def test_get_mechanism_names_the_parameter(bad):
+    with pytest.raises(ValueError, match="mechanism"):
+        get_mechanism(bad)
+
+
+def tree_right_factor(horizon):
+    """The p-sum nodes of tree.py: one node per step, at level ν2(t)."""
+    rows = []
+    for t in range(1, horizon + 1):
+        level = (t & -t).bit_length() - 1
+        row = np.zeros(horizon)
+        row[t - (1 << level):t] = 1.0
+        rows.append(row)
+    return np.array(rows)
+
+
+@pytest.mark.parametrize("horizon,k,b", [(8, 3, 1), (12, 3, 2), (13, 4, 3)])
+def test_tree_participation_is_an_upper_bound(horizon, k, b):
+    assert participation_norm("tree", horizon, k, b) >= brute_force_norm(tree_right_factor(horizon), k, b) - 1e-12
+
+
+@pytest.mark.parametrize("name", sorted(MECHANISMS))
+def test_multiplier_is_between_1_and_k(name):
+    for k, b in ((1, 1), (4, 1), (4, 50)):
+        mult = participation_sensitivity(name, 1024, k, b)
+        assert 1.0 - 1e-12 <= mult <= k + 1e-12
+    assert participation_sensitivity(name, 1024, 1, 7) == pytest.approx(1.0)
+    assert participation_sensitivity(name, None, 5, 3) == 5.0
+
+
+def test_multiplier_calibrates_through_sensitivity():
+    mult = participation_sensitivity("blt", 1024, 4, 256)
+    cls = get_mechanism("blt")
+    mech = cls(1.0, sensitivity=mult, horizon=1024, noise="gaussian", delta=1e-6, rng=ZeroNoise())
+    plain = cls(1.0, horizon=1024, noise="gaussian", delta=1e-6, rng=ZeroNoise())
+    assert mech.noise_std(10) == pytest.approx(mult * plain.noise_std(10))
+    assert mult * cls._plan(1024).l2 == pytest.approx(participation_norm("blt", 1024, 4, 256))
+    assert mult < 4 / math.sqrt(2)  # correlated noise pays far less than k for spread-out steps
+
+
+@pytest.mark.parametrize("kwargs,name", [(dict(k=0), "k"), (dict(b=0), "b"), (dict(k=1.5), "k"), (dict(horizon=0), "horizon")])
+def test_participation_validation(kwargs, name):
+    args = dict(mechanism_name="blt", horizon=64, k=2, b=1)
+    args.update(kwargs)
+    with pytest.raises(ValueError, match=name):
+        participation_sensitivity(**args)
