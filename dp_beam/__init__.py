@@ -9,11 +9,13 @@ from dp_beam import accounting, io, mechanisms, records
 from dp_beam.accounting import Budget
 from dp_beam.records import AccountingReport, InvalidElement, LedgerEntry, Release
 from dp_beam.records_mean import MeanRelease
-from dp_beam.transforms import (CombineAccounting, ContinualCount, ContinualMean,
-                                ContinualResult, ContinualSum, Stability, plan)
+from dp_beam.transforms import (CombineAccounting, ContinualCount, ContinualERM, ContinualMean,
+                                ContinualResult, ContinualSum, MultiResolutionERM,
+                                SlidingWindowERM, Stability, plan)
 
 __version__ = "0.1.0"
 
-__all__ = ["AccountingReport", "Budget", "CombineAccounting", "ContinualCount", "ContinualMean",
+__all__ = ["AccountingReport", "Budget", "CombineAccounting", "ContinualCount", "ContinualERM",
+           "ContinualMean", "MultiResolutionERM", "SlidingWindowERM",
            "ContinualResult", "ContinualSum", "InvalidElement", "LedgerEntry", "MeanRelease",
            "Release", "Stability", "accounting", "io", "mechanisms", "plan", "records"]

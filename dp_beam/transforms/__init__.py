@@ -2,8 +2,10 @@
 
 from dp_beam.transforms.accounting import CombineAccounting, Stability, plan
 from dp_beam.transforms.continual import ContinualCount, ContinualResult, ContinualSum
+from dp_beam.transforms.erm import ContinualERM, MultiResolutionERM, SlidingWindowERM
 from dp_beam.transforms.mean import ContinualMean
 from dp_beam.transforms.release import OrderedReleaseDoFn, ReleaseSpec
 
-__all__ = ["CombineAccounting", "ContinualCount", "ContinualMean", "ContinualResult", "ContinualSum",
+__all__ = ["CombineAccounting", "ContinualCount", "ContinualERM", "ContinualMean",
+           "MultiResolutionERM", "SlidingWindowERM", "ContinualResult", "ContinualSum",
            "OrderedReleaseDoFn", "ReleaseSpec", "Stability", "plan"]

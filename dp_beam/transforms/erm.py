@@ -1,0 +1,385 @@
+"""``ContinualERM``, ``SlidingWindowERM``, ``MultiResolutionERM``: private models released over a stream.
+
+Spec private_erm_and_incremental_regression.md §1 (seed 004) and §3 (mapping to
+a streaming engine). Shape (DESIGN.md "time model"): validate, clip and key
+every event in parallel → per-step ``CombinePerKey`` collecting the step's
+points in event-time fixed windows → one ordered release DoFn per stream
+(:class:`~dp_beam.transforms.release.OrderedReleaseDoFn`) that feeds the points
+of each step, in event-time order, to the engine-free stream of
+:mod:`dp_beam.mechanisms.erm`. That stream cuts them into blocks of exactly
+``block_size`` points and trains and releases models on its count-based
+schedule, so a step may yield no model or several.
+
+Time in the mechanisms is the point count (§0), so block boundaries are
+count-triggered. That is private for *replace-one-event* neighbours, the
+relation of seed 004 (§0); under add/remove the release times would reveal the
+count (§3 "Counts as time"), which is why the ledger states the replace
+relation. Points of one step are ordered by (event time, features, label), a
+deterministic order, so a re-run reproduces the blocks.
+"""
+
+import datetime
+import math
+from typing import Any, Tuple
+
+import apache_beam as beam
+from apache_beam import pvalue
+from apache_beam.metrics import Metrics
+from apache_beam.transforms.window import FixedWindows, GlobalWindows
+from apache_beam.utils.timestamp import Duration
+
+from dp_beam.mechanisms import NoiseSource, ZeroNoise
+from dp_beam.mechanisms import erm as erm_mech
+from dp_beam.records import InvalidElement, LedgerEntry
+from dp_beam.records_erm import ModelRecord
+from dp_beam.transforms.continual import PLAN_ATTRIBUTE, ContinualResult, _StepOf, seconds
+from dp_beam.transforms.events import _MAX_SECONDS, _MIN_SECONDS, INVALID, NAMESPACE, as_real
+from dp_beam.transforms.release import ACCOUNTING, OrderedReleaseDoFn, ReleaseSpec
+
+NEIGHBOURS = "replace one event (the event count per stream is public: blocks are count-triggered)"
+
+
+@beam.typehints.with_output_types(Tuple[Any, Any])
+class _PreparePoints(beam.DoFn):
+    """Extracts ``(key, (ts, features, label))``; clips features; routes bad elements to ``invalid``.
+
+    Features must be a sequence of ``n_features`` finite reals and the label
+    one of the declared classes. Feature vectors longer than ``feature_bound``
+    are scaled down to it (contribution bounding, spec §5.5) and counted in
+    the ``clipped`` metric. Nothing raises.
+    """
+
+    def __init__(self, transform, features_fn, label_fn, n_features, classes, feature_bound,
+                 key_fn=None, timestamp_fn=None):
+        self._transform = transform
+        self._features_fn, self._label_fn = features_fn, label_fn
+        self._d = n_features
+        self._classes = tuple(classes)
+        self._bound = feature_bound
+        self._key_fn, self._timestamp_fn = key_fn, timestamp_fn
+        self._clipped = Metrics.counter(NAMESPACE, f"{transform}.clipped")
+        self._invalid = Metrics.counter(NAMESPACE, f"{transform}.invalid")
+
+    def _reject(self, element, reason):
+        self._invalid.inc()
+        return pvalue.TaggedOutput(INVALID, InvalidElement(self._transform, reason, element))
+
+    @staticmethod
+    def _call(name, fn, element):
+        try:
+            return fn(element), None
+        except Exception as e:  # a user function failing on one element must not kill the job
+            return None, f"{name} raised {type(e).__name__}: {e}"
+
+    def process(self, element, timestamp=beam.DoFn.TimestampParam):
+        if self._timestamp_fn is not None:
+            ts, err = self._call("timestamp_fn", self._timestamp_fn, element)
+            if err:
+                yield self._reject(element, err)
+                return
+            ts, err = as_real(ts)
+            if err:
+                yield self._reject(element, f"event time {err}")
+                return
+        else:
+            ts = timestamp.micros / 1e6
+        if not _MIN_SECONDS < ts < _MAX_SECONDS:
+            yield self._reject(element, "event time missing or out of range "
+                                        "(give elements timestamps or pass timestamp_fn)")
+            return
+        key = None
+        if self._key_fn is not None:
+            key, err = self._call("key_fn", self._key_fn, element)
+            if err or key is None:
+                yield self._reject(element, err or "key_fn returned None")
+                return
+        raw, err = self._call("features_fn", self._features_fn, element)
+        if err:
+            yield self._reject(element, err)
+            return
+        try:
+            values = list(raw)
+        except TypeError:
+            yield self._reject(element, f"features_fn returned {type(raw).__name__}, not a sequence")
+            return
+        if len(values) != self._d:
+            yield self._reject(element, f"features_fn returned {len(values)} values, expected {self._d}")
+            return
+        features = []
+        for v in values:
+            x, err = as_real(v)
+            if err:
+                yield self._reject(element, f"feature {err}")
+                return
+            features.append(x)
+        label, err = self._call("label_fn", self._label_fn, element)
+        if err:
+            yield self._reject(element, err)
+            return
+        try:
+            known = label in self._classes
+        except TypeError:
+            known = False
+        if not known:
+            yield self._reject(element, f"label {label!r} is not one of classes {self._classes!r}")
+            return
+        norm = math.sqrt(sum(x * x for x in features))
+        if norm > self._bound:
+            self._clipped.inc()
+            features = [x * (self._bound / norm) for x in features]
+        yield beam.window.TimestampedValue((key, (ts, tuple(features), label)), ts)
+
+
+class _CollectPoints(beam.CombineFn):
+    """The list of points of one step (order is restored at release)."""
+
+    def create_accumulator(self):
+        return []
+
+    def add_input(self, acc, point):
+        acc.append(point)
+        return acc
+
+    def merge_accumulators(self, accs):
+        out = []
+        for a in accs:
+            out.extend(a)
+        return out
+
+    def extract_output(self, acc):
+        return acc
+
+
+def _order_key(point):
+    ts, features, label = point
+    return (ts, features, repr(label))
+
+
+def _listify(value):
+    return value.tolist() if hasattr(value, "tolist") else value
+
+
+class ERMReleaseSpec(ReleaseSpec):
+    """Feeds each step's points, in event-time order, to an engine-free ERM stream."""
+
+    def __init__(self, transform, step_seconds, stream_cls, stream_args, ledger_template):
+        self.transform = transform
+        self.step_seconds = step_seconds
+        self.horizon = None
+        self._cls = stream_cls
+        self._args = stream_args
+        self._ledger = ledger_template
+
+    def zero(self):
+        return []
+
+    def merge(self, a, b):
+        return list(a) + list(b)
+
+    def events(self, aggregate):
+        return len(aggregate)
+
+    def new_mechanism(self, rng):
+        return self._cls(rng=rng, **self._args)
+
+    def restore(self, state, rng):
+        return self._cls.from_state(state, rng=rng)
+
+    def release(self, mechanism, key, step, aggregate):
+        bs = mechanism.block_size
+        for point in sorted(aggregate, key=_order_key):
+            _, features, label = point
+            for rel in mechanism.push(features, label):
+                yield ModelRecord(
+                    key=key, step=step, window_start=step * self.step_seconds,
+                    window_end=(step + 1) * self.step_seconds, t=rel.t, kind=rel.kind,
+                    level=rel.level, weights=_listify(rel.weights), intercept=_listify(rel.intercept),
+                    classes=tuple(rel.classes), trained_on=tuple(rel.trained_on),
+                    blocks=(rel.trained_on[0] // bs, rel.trained_on[1] // bs),
+                    data_window=tuple(rel.window), depends_on=tuple(rel.depends_on),
+                    regulariser=rel.regulariser, noise=rel.noise, noise_scale=float(rel.noise_scale),
+                    noise_std=float(rel.noise_std), call_epsilon=rel.call_epsilon,
+                    call_rho=float(rel.call_rho), mechanism=mechanism.name, transform=self.transform)
+
+    def ledger(self, key):
+        return [self._ledger._replace(key=key)]
+
+
+class _ERMTransform(beam.PTransform):
+    """Common construction: validation of every parameter, the plan, the pipeline."""
+
+    _stream_cls = None
+
+    def __init__(self, features_fn, label_fn, classes, n_features, feature_bound, lam, epsilon,
+                 block_size, step, *, key_fn=None, timestamp_fn=None, fit_intercept=True,
+                 noise="l2_laplace", delta=None, allowed_lateness=datetime.timedelta(days=1),
+                 late="defer", max_idle_steps=1024, rng=None, label=None, **stream_kwargs):
+        super().__init__(label)
+        for name, fn in (("features_fn", features_fn), ("label_fn", label_fn)):
+            if not callable(fn):
+                raise ValueError(f"{name} must be callable, got {fn!r}")
+        for name, fn in (("key_fn", key_fn), ("timestamp_fn", timestamp_fn)):
+            if fn is not None and not callable(fn):
+                raise ValueError(f"{name} must be callable, got {fn!r}")
+        self._features_fn, self._label_fn = features_fn, label_fn
+        self._key_fn, self._timestamp_fn = key_fn, timestamp_fn
+        self._step = seconds("step", step)
+        self._step_micros = int(round(self._step * 1e6))
+        if self._step_micros < 1:
+            raise ValueError(f"step must be at least one microsecond, got {step!r}")
+        self._allowed_lateness = seconds("allowed_lateness", allowed_lateness, allow_zero=True)
+        if late not in ("defer", "drop"):
+            raise ValueError(f"late must be 'defer' or 'drop', got {late!r}")
+        self._late = late
+        if (isinstance(max_idle_steps, bool) or not isinstance(max_idle_steps, int)
+                or max_idle_steps < 1):
+            raise ValueError(f"max_idle_steps must be an integer >= 1, got {max_idle_steps!r}")
+        self._max_idle = max_idle_steps
+        if rng is not None and not isinstance(rng, NoiseSource) and (
+                isinstance(rng, bool) or not isinstance(rng, int)):
+            raise ValueError("rng must be None (secure noise), or for tests an int seed or a "
+                             f"dp_beam.mechanisms NoiseSource, got {rng!r}")
+        self._seed = rng
+        if isinstance(classes, (str, bytes)):
+            raise ValueError(f"classes must be a sequence of labels, got {classes!r}")
+        self._args = dict(epsilon=epsilon, block_size=block_size, n_features=n_features,
+                          classes=list(classes) if classes is not None else None,
+                          feature_bound=feature_bound, lam=lam, fit_intercept=fit_intercept,
+                          noise=noise, delta=delta, **stream_kwargs)
+        # Built once so that every parameter is validated here (ValueError naming it).
+        probe = self._stream_cls(rng=ZeroNoise(), **self._args)
+        self._probe = probe
+        self._cost = probe.privacy_cost()
+
+    @property
+    def stream(self):
+        """A noise-free probe of the engine-free stream: its public parameters and noise scales."""
+        return self._probe
+
+    def plan_entry(self, label) -> LedgerEntry:
+        """The ledger entry every stream (key) of this transform charges."""
+        probe = self._probe
+        return LedgerEntry(
+            transform=label, unit="event", neighbours=NEIGHBOURS,
+            epsilon=float(self._cost["epsilon"]), delta=float(self._cost["delta"] or 0.0),
+            rho=float(self._cost["rho"]), mechanism=probe.name,
+            scope="key" if self._key_fn is not None else "stream", key=None,
+            sensitivity=2.0 * probe.loss.lipschitz / probe.lam, noise=probe.noise,
+            calibration="zcdp" if probe.noise == "gaussian" else "")
+
+    def expand(self, events):
+        label = self.label
+        probe = self._probe
+        prepared = events | "Validate" >> beam.ParDo(_PreparePoints(
+            label, self._features_fn, self._label_fn, probe.loss.n_features, probe.loss.classes,
+            probe.loss.feature_bound, self._key_fn, self._timestamp_fn)).with_outputs(INVALID, main="valid")
+        invalids = [prepared[INVALID]]
+        aggregates = (prepared.valid
+                      | "StepWindows" >> beam.WindowInto(
+                          FixedWindows(self._step),
+                          allowed_lateness=Duration(micros=int(self._allowed_lateness * 1e6)))
+                      | "PerStep" >> beam.CombinePerKey(_CollectPoints())
+                      | "StepIndex" >> beam.ParDo(_StepOf(self._step_micros))
+                      | "Rewindow" >> beam.WindowInto(GlobalWindows()))
+        bounded_input = events.is_bounded
+        entry = self.plan_entry(label)
+        spec = ERMReleaseSpec(label, self._step, self._stream_cls, self._args, entry)
+        release_fn = OrderedReleaseDoFn(spec, bounded=bounded_input, late=self._late,
+                                        seed=self._seed, max_idle_steps=self._max_idle)
+        if bounded_input:
+            last_step = (aggregates
+                         | "Steps" >> beam.Map(lambda kv: kv[1][0])
+                         | "LastStep" >> beam.CombineGlobally(max).without_defaults())
+            side = {"last_step": beam.pvalue.AsSingleton(last_step, default_value=None)}
+        else:
+            side = {}
+        released = aggregates | "Release" >> beam.ParDo(release_fn, **side).with_outputs(
+            ACCOUNTING, INVALID, main="releases")
+        invalids.append(released[INVALID])
+        invalid = tuple(invalids) | "Invalid" >> beam.Flatten()
+        accounting = released[ACCOUNTING]
+        setattr(accounting, PLAN_ATTRIBUTE, (entry,))
+        return ContinualResult(released.releases, accounting, invalid)
+
+
+_COMMON_ARGS = """
+    Args:
+      features_fn: element → a sequence of ``n_features`` finite reals.
+      label_fn: element → one of ``classes``.
+      classes: the public list of labels (2: binary logistic; K >= 3: softmax).
+      n_features: d.
+      feature_bound: R_x; feature vectors are scaled down to ``‖x‖₂ <= R_x``
+        (counted in the ``clipped`` metric). The Lipschitz constant comes from
+        it (spec §5.5), never from the data.
+      lam: λ of the regulariser ``λ‖θ − θ_ref‖²``.
+      epsilon: privacy parameter of every stream (> 0).
+      block_size: points per block (b0 / w0 / B).
+      step: event-time step (seconds or ``timedelta``) at which points are
+        handed to the mechanism, in event-time order; models are released when
+        blocks complete, not at every step.
+      key_fn: optional element → key; one independent stream per key (parallel
+        composition: each event feeds one key).
+      timestamp_fn: optional element → event time in epoch seconds.
+      fit_intercept: append a constant feature (regularised like the weights).
+      noise: ``"l2_laplace"`` (default, pure ε), ``"coord_laplace_l1"`` (pure
+        ε) or ``"gaussian"`` (needs ``delta``; ρ-zCDP).
+      allowed_lateness, late, max_idle_steps: as ``ContinualCount``.
+      rng: ``None`` (secure noise); tests only: an int seed or a ``NoiseSource``.
+"""
+
+
+class ContinualERM(_ERMTransform):
+    """Cumulative private models released every ``block_size`` points (Alg. 2 bases + Alg. 4; spec §1.5).
+
+    A base model on all data at t = 2^k·B, doubling updates at t_g + 2^j·b0
+    and single-block updates in between, each regularised toward a released
+    model. ε is split in halves between the base models and the updates, so
+    every stream is ε-DP per event (replace-one neighbours). ``base_size`` is
+    B, a multiple of ``block_size`` = b0. The state keeps the whole history of
+    the key (inherent, §3). See :class:`dp_beam.mechanisms.erm.ContinualERM`.
+    """ + _COMMON_ARGS + """      base_size: B.
+    """
+
+    _stream_cls = erm_mech.ContinualERM
+
+    def __init__(self, features_fn, label_fn, classes, n_features, feature_bound, lam, epsilon,
+                 block_size, base_size, step, **kwargs):
+        super().__init__(features_fn, label_fn, classes, n_features, feature_bound, lam, epsilon,
+                         block_size, step, base_size=base_size, **kwargs)
+
+
+class SlidingWindowERM(_ERMTransform):
+    """A private model of the last ``window`` points, every ``block_size`` points (Alg. 5; spec §1.7).
+
+    Exact for ``window = (2^k − 1)·block_size``; ``window_policy`` =
+    ``"round_down"`` or ``"general"`` handles other windows as the spec says.
+    Each stream is ε-DP per event. See :class:`dp_beam.mechanisms.erm.SlidingWindowERM`.
+    """ + _COMMON_ARGS + """      window: w, in points.
+      window_policy: ``"exact"`` (default), ``"round_down"`` or ``"general"``.
+    """
+
+    _stream_cls = erm_mech.SlidingWindowERM
+
+    def __init__(self, features_fn, label_fn, classes, n_features, feature_bound, lam, epsilon,
+                 block_size, window, step, *, window_policy="exact", **kwargs):
+        super().__init__(features_fn, label_fn, classes, n_features, feature_bound, lam, epsilon,
+                         block_size, step, window=window, window_policy=window_policy, **kwargs)
+
+
+class MultiResolutionERM(_ERMTransform):
+    """Models on the last 2^k·B points for every scale k with 2^k | t/B (Alg. 2; spec §1.3).
+
+    Each stream is ε-DP per event. ``max_scale`` caps k (and the retained data
+    at 2^max_scale·B points). See :class:`dp_beam.mechanisms.erm.MultiResolutionERM`.
+    """ + _COMMON_ARGS + """      max_scale: optional cap on k.
+    """
+
+    _stream_cls = erm_mech.MultiResolutionERM
+
+    def __init__(self, features_fn, label_fn, classes, n_features, feature_bound, lam, epsilon,
+                 block_size, step, *, max_scale=None, **kwargs):
+        super().__init__(features_fn, label_fn, classes, n_features, feature_bound, lam, epsilon,
+                         block_size, step, max_scale=max_scale, **kwargs)
+
+
+__all__ = ["ContinualERM", "SlidingWindowERM", "MultiResolutionERM", "ERMReleaseSpec", "ModelRecord"]
