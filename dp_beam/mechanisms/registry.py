@@ -15,7 +15,8 @@ from .smooth_binary import SmoothBinaryMechanism
 from .toeplitz import SqrtToeplitzMechanism
 from .tree import BinaryTreeMechanism
 
-__all__ = ["MECHANISMS", "get_mechanism", "participation_norm", "participation_sensitivity"]
+__all__ = ["MECHANISMS", "default_mechanism", "get_mechanism", "participation_norm",
+           "participation_sensitivity"]
 
 MECHANISMS = {
     "tree": BinaryTreeMechanism,
@@ -89,3 +90,20 @@ def participation_sensitivity(mechanism_name, horizon, k, b):
     horizon = _positive_int("horizon", horizon)
     single, multi = _single_and_multi(mechanism_name, horizon, k, b)
     return multi / single
+
+
+def default_mechanism(noise="laplace", horizon=None):
+    """The most accurate registered mechanism for a noise family and horizon.
+
+    Measured as the largest std of a release over the horizon (ε = 1, unit
+    sensitivity; ``benchmarks/continual_error.py`` for Gaussian noise): with
+    Laplace noise BLT and the square-root factorisation do not apply, the
+    smooth binary mechanism is best for a known horizon (33.7 vs the tree's
+    68.6 at T = 8,760) and Honaker's estimator when the horizon is unknown
+    (51.2 vs 70.8 over 8,760 steps: the smooth binary mechanism's doubling
+    epochs lose its advantage); with Gaussian noise BLT is best (21.2 vs 69.3
+    at T = 8,760; 52.1 vs 79.5 unbounded). A test re-derives these choices.
+    """
+    if noise == "gaussian":
+        return "blt"
+    return "smooth_binary" if horizon is not None else "honaker"

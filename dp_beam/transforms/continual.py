@@ -21,13 +21,13 @@ import apache_beam as beam
 from apache_beam.transforms.window import FixedWindows, GlobalWindows
 from apache_beam.utils.timestamp import Duration
 
-from dp_beam.mechanisms import BinaryTreeMechanism, NoiseSource, ZeroNoise
+from dp_beam.mechanisms import NoiseSource, ZeroNoise
 from dp_beam.mechanisms.postprocess import MonotoneRelease
+from dp_beam.mechanisms.registry import default_mechanism, get_mechanism
 from dp_beam.records import LedgerEntry, Release
 from dp_beam.transforms.events import INVALID, BoundContributions, PrepareEvents
 from dp_beam.transforms.release import ACCOUNTING, OrderedReleaseDoFn, ReleaseSpec
 
-MECHANISMS = ("tree",)
 PLAN_ATTRIBUTE = "dp_beam_plan"
 
 
@@ -99,25 +99,28 @@ class _StepOf(beam.DoFn):
         yield key, (window.start.micros // self._step_micros, aggregate)
 
 
-class TreeReleaseSpec(ReleaseSpec):
-    """Feeds step totals to a :class:`BinaryTreeMechanism` per stream."""
+class CounterReleaseSpec(ReleaseSpec):
+    """Feeds step totals to one continual-counting mechanism per stream."""
 
-    def __init__(self, transform, step_seconds, mechanism_args, ledger_template, monotone=False):
+    def __init__(self, transform, step_seconds, mechanism, mechanism_args, ledger_template,
+                 monotone=False):
         self.transform = transform
         self.step_seconds = step_seconds
         self.horizon = mechanism_args["horizon"]
+        self._mechanism = mechanism
         self._args = mechanism_args
         self._ledger = ledger_template
         self._monotone = monotone
 
     def new_mechanism(self, rng):
-        mechanism = BinaryTreeMechanism(rng=rng, **self._args)
+        mechanism = get_mechanism(self._mechanism)(rng=rng, **self._args)
         return MonotoneRelease(mechanism) if self._monotone else mechanism
 
     def restore(self, state, rng):
         if self._monotone:
-            return MonotoneRelease.from_state(state, BinaryTreeMechanism, rng=rng)
-        return BinaryTreeMechanism.from_state(state, rng=rng)
+            inner = get_mechanism(state["inner"]["mechanism"])
+            return MonotoneRelease.from_state(state, inner, rng=rng)
+        return get_mechanism(state["mechanism"]).from_state(state, rng=rng)
 
     def release(self, mechanism, key, step, aggregate):
         value = mechanism.step(aggregate[0])
@@ -137,7 +140,7 @@ class _ContinualTotal(beam.PTransform):
 
     def __init__(self, epsilon, step, value_fn=None, lower=None, upper=None, *, key_fn=None,
                  timestamp_fn=None, privacy_unit="event", user_fn=None, max_contributions=None,
-                 mechanism="tree", noise="laplace", delta=None, calibration="zcdp",
+                 mechanism=None, noise="laplace", delta=None, calibration="zcdp",
                  horizon=None, allowed_lateness=datetime.timedelta(days=1), late="defer",
                  hot_key_fanout=None, max_idle_steps=1024, monotone=False, rng=None,
                  label=None):
@@ -165,8 +168,10 @@ class _ContinualTotal(beam.PTransform):
                                  "privacy_unit='user'")
             self._user_fn = None
         self._max_contributions = max_contributions
-        if mechanism not in MECHANISMS:
-            raise ValueError(f"mechanism must be one of {MECHANISMS}, got {mechanism!r}")
+        if mechanism is None:
+            mechanism = default_mechanism(noise, horizon)
+        mechanism_cls = get_mechanism(mechanism)  # raises ValueError naming `mechanism`
+        self._mechanism = mechanism
         self._allowed_lateness = seconds("allowed_lateness", allowed_lateness, allow_zero=True)
         if late not in ("defer", "drop"):
             raise ValueError(f"late must be 'defer' or 'drop', got {late!r}")
@@ -200,7 +205,7 @@ class _ContinualTotal(beam.PTransform):
                                     calibration=calibration)
         # Built once here so that every parameter is validated at construction
         # (the mechanism raises ValueError naming it) and the cost is known.
-        probe = BinaryTreeMechanism(rng=ZeroNoise(), **self._mechanism_args)
+        probe = mechanism_cls(rng=ZeroNoise(), **self._mechanism_args)
         self._cost = probe.privacy_cost()
         self._noise, self._calibration = noise, calibration if noise == "gaussian" else ""
 
@@ -218,7 +223,7 @@ class _ContinualTotal(beam.PTransform):
         return LedgerEntry(
             transform=label, unit=self._unit, neighbours=self._neighbours(),
             epsilon=float(self._cost["epsilon"]), delta=float(self._cost["delta"] or 0.0),
-            rho=float(self._cost["rho"]), mechanism="tree",
+            rho=float(self._cost["rho"]), mechanism=self._mechanism,
             scope="key" if self._key_fn is not None else "stream", key=None,
             sensitivity=self._sensitivity, noise=self._noise, calibration=self._calibration,
             max_contributions=self._max_contributions if self._unit == "user" else None)
@@ -251,7 +256,8 @@ class _ContinualTotal(beam.PTransform):
 
         bounded_input = events.is_bounded
         entry = self.plan_entry(label)
-        spec = TreeReleaseSpec(label, self._step, self._mechanism_args, entry, self._monotone)
+        spec = CounterReleaseSpec(label, self._step, self._mechanism, self._mechanism_args, entry,
+                                  self._monotone)
         release_fn = OrderedReleaseDoFn(spec, bounded=bounded_input, late=self._late,
                                         seed=self._seed, max_idle_steps=self._max_idle)
         if bounded_input:
@@ -285,10 +291,11 @@ class ContinualCount(_ContinualTotal):
     >>> count = dpb.ContinualCount(epsilon=1.0, step=10, timestamp_fn=lambda e: e["ts"], rng=0)
     >>> with beam.Pipeline(options=PipelineOptions(flags=[], runner="FnApiRunner")) as p:
     ...     out = p | beam.Create([{"ts": 5.0}, {"ts": 7.0}, {"ts": 25.0}]) | count
-    ...     _ = out.releases | beam.Map(lambda r: print(r.step, r.t, round(r.noise_std, 2)))
-    0 1 1.41
-    1 2 3.16
-    2 3 3.16
+    ...     _ = out.releases | beam.Map(
+    ...         lambda r: print(r.step, r.t, r.mechanism, round(r.noise_std, 2)))
+    0 1 honaker 1.41
+    1 2 honaker 3.16
+    2 3 honaker 2.71
 
     Args:
       epsilon: privacy parameter of every stream (> 0).
@@ -299,6 +306,11 @@ class ContinualCount(_ContinualTotal):
       privacy_unit: ``"event"`` or ``"user"`` (needs ``user_fn`` and
         ``max_contributions``: each user's first ``max_contributions`` events
         are used, across all keys; the rest go to ``.invalid``).
+      mechanism: the continual-counting mechanism (``dp_beam.mechanisms.registry``):
+        ``"tree"``, ``"honaker"``, ``"smooth_binary"``, ``"blt"`` or
+        ``"sqrt_toeplitz"``; ``None`` picks the most accurate one for the noise
+        and horizon (``default_mechanism``: Honaker for Laplace noise and an
+        unknown horizon, smooth binary for a known one, BLT for Gaussian noise).
       noise: ``"laplace"`` (pure ε) or ``"gaussian"`` (needs ``delta``).
       calibration: Gaussian only: ``"zcdp"`` or ``"analytic"``.
       horizon: number of steps per stream, or ``None`` for unbounded.

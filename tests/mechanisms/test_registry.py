@@ -74,3 +74,22 @@ def test_participation_validation(kwargs, name):
     args.update(kwargs)
     with pytest.raises(ValueError, match=name):
         participation_sensitivity(**args)
+
+
+@pytest.mark.parametrize("noise, horizon", [("laplace", None), ("laplace", 2000),
+                                            ("gaussian", None), ("gaussian", 2000)])
+def test_default_mechanism_is_the_most_accurate_for_the_configuration(noise, horizon):
+    from dp_beam.mechanisms import ZeroNoise
+    from dp_beam.mechanisms.registry import MECHANISMS, default_mechanism
+
+    delta = 1e-6 if noise == "gaussian" else None
+    worst = {}
+    for name, cls in MECHANISMS.items():
+        try:
+            m = cls(epsilon=1.0, horizon=horizon, noise=noise, delta=delta, rng=ZeroNoise())
+        except ValueError:  # the mechanism does not support this noise family
+            continue
+        worst[name] = max(m.noise_std(t) for t in range(1, (horizon or 2000) + 1))
+    best = min(worst.values())
+    # Ties (BLT and the square-root factorisation coincide closely) are allowed.
+    assert worst[default_mechanism(noise, horizon)] <= best * 1.01

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import dp_beam as dpb
-from dp_beam.mechanisms import BinaryTreeMechanism, ZeroNoise
+from dp_beam.mechanisms import HonakerTreeMechanism, ZeroNoise
 from tests.beam_util import batch_options, collect
 
 STEP = 10.0
@@ -34,9 +34,14 @@ def _run(transform, events):
     return collect(batch_options(), build)
 
 
-def test_count_releases_every_step_in_order_with_exact_prefix_sums():
-    counts, events = _run_events = _events()
+@pytest.mark.parametrize("mechanism, noise", [
+    ("tree", "laplace"), ("honaker", "laplace"), ("smooth_binary", "laplace"),
+    ("blt", "gaussian"), ("sqrt_toeplitz", "gaussian"), (None, "laplace")])
+def test_count_releases_every_step_in_order_with_exact_prefix_sums(mechanism, noise):
+    counts, events = _events()
+    delta = 1e-6 if noise == "gaussian" else None
     out = _run(dpb.ContinualCount(epsilon=1.0, step=STEP, timestamp_fn=lambda e: e["ts"],
+                                  mechanism=mechanism, noise=noise, delta=delta,
                                   rng=ZeroNoise()), events)
     releases = sorted(out["releases"], key=lambda r: r.step)
     assert [r.step for r in releases] == list(range(10))  # empty steps 3, 4, 7 included
@@ -45,7 +50,7 @@ def test_count_releases_every_step_in_order_with_exact_prefix_sums():
     assert [r.value for r in releases] == pytest.approx(expected.tolist(), abs=1e-9)
     for r in releases:
         assert r.window_start == r.step * STEP and r.window_end == (r.step + 1) * STEP
-        assert r.mechanism == "tree" and r.transform == "t"
+        assert r.mechanism == (mechanism or "honaker") and r.transform == "t"
     assert out["invalid"] == []
 
 
@@ -56,7 +61,9 @@ def test_release_noise_std_matches_the_mechanism_and_seeded_runs_repeat():
     first = sorted(_run(make(), events)["releases"], key=lambda r: r.step)
     second = sorted(_run(make(), events)["releases"], key=lambda r: r.step)
     assert [r.value for r in first] == [r.value for r in second]
-    ref = BinaryTreeMechanism(epsilon=0.5, sensitivity=1.0, rng=ZeroNoise())
+    # The default for Laplace noise and no horizon is Honaker's estimator.
+    assert {r.mechanism for r in first} == {"honaker"}
+    ref = HonakerTreeMechanism(epsilon=0.5, sensitivity=1.0, rng=ZeroNoise())
     for r in first:
         assert r.noise_std == pytest.approx(ref.noise_std(r.t))
         assert r.ci95 == pytest.approx(ref.ci_halfwidth(r.t))
