@@ -111,6 +111,7 @@ import numpy as np
 from .calibration import eps_from_rho_delta, rho_from_eps, rho_from_eps_delta
 from .noise import (NoiseSource, SecureNoise, SeededNoise, ZeroNoise, gaussian_halfwidth,
                     laplace_sum_halfwidth, make_noise)
+from .registry import get_mechanism
 from .tree import BinaryTreeMechanism
 
 __all__ = [
@@ -268,8 +269,13 @@ class MeanParams:
 
     def __init__(self, max_users, max_samples_per_user, epsilon, beta=0.1, *, dim=1,
                  neighbours="participation", noise="laplace", delta=None,
-                 median_budget="per_L", tree_levels=None):
+                 median_budget="per_L", tree_levels=None, mechanism="tree"):
         self.n = _pos_int("max_users", max_users)
+        # Any continual-counting mechanism works per level: each user puts at
+        # most one element into each level's tree, so its sensitivity is that
+        # of a single participation whatever the factorisation.
+        get_mechanism(mechanism)  # raises ValueError naming `mechanism`
+        self.mechanism = mechanism
         self.m = _pos_int("max_samples_per_user", max_samples_per_user)
         self.epsilon = _pos_real("epsilon", epsilon)
         self.beta = _pos_real("beta", beta, upper=1.0)
@@ -645,7 +651,7 @@ class ContinualMeanCore:
                   rng=self.source)
         if p.noise == "gaussian":
             kw.update(noise="gaussian", delta=p.delta, calibration="zcdp")
-        return BinaryTreeMechanism(**kw)
+        return get_mechanism(p.mechanism)(**kw)
 
     # -- serialisation ---------------------------------------------------------
 
@@ -667,10 +673,11 @@ class ContinualMeanCore:
             raise ValueError("state is not a continual-mean core state")
         core = cls(params, lower, upper, horizon=state["trees"][0]["horizon"], rng=rng)
         core.t = state["t"]
-        core.trees = {lv: BinaryTreeMechanism.from_state(s, rng=core.source)
+        core.trees = {lv: get_mechanism(s["mechanism"]).from_state(s, rng=core.source)
                       for lv, s in state["trees"].items()}
         if state["count_tree"] is not None:
-            core.count_tree = BinaryTreeMechanism.from_state(state["count_tree"], rng=core.source)
+            ct = state["count_tree"]
+            core.count_tree = get_mechanism(ct["mechanism"]).from_state(ct, rng=core.source)
         core.active = dict(state["active"])
         core.prior = {k: np.asarray(v, dtype=np.int64) for k, v in state["prior"].items()}
         core.buffer = {k: np.asarray(v, dtype=np.float64) for k, v in state["buffer"].items()}
@@ -771,13 +778,21 @@ class ContinualMeanCore:
             num = sum(self.trees[lv].current() for lv in active)
             den = float(sum(element_size(lv) * self.counts[lv] for lv in active))
             est01 = np.asarray(num, dtype=np.float64) / den if den > 0 else np.full(p.dim, 0.5)
-            scales = [s for lv in active for s in (self.trees[lv].noise_scales(self.t) if self.t else [])]
-            if p.noise == "laplace":
-                std01 = math.sqrt(sum(2 * s * s for s in scales)) / den if den > 0 else math.inf
-                ci01 = laplace_sum_halfwidth(scales) / den if den > 0 else math.inf
+            trees = [self.trees[lv] for lv in active] if self.t else []
+            std = math.sqrt(sum(tr.noise_std(self.t) ** 2 for tr in trees))
+            std01 = std / den if den > 0 else math.inf
+            if den <= 0:
+                ci01 = math.inf
+            elif p.noise == "gaussian":
+                ci01 = gaussian_halfwidth(std01)
+            elif all(hasattr(tr, "noise_scales") for tr in trees):
+                # Trees expose their independent Laplace node scales: exact interval.
+                ci01 = laplace_sum_halfwidth(
+                    [s for tr in trees for s in tr.noise_scales(self.t)]) / den
             else:
-                std01 = math.sqrt(sum(s * s for s in scales)) / den if den > 0 else math.inf
-                ci01 = gaussian_halfwidth(std01) if den > 0 else math.inf
+                # Other mechanisms mix their Laplace noises; a Bonferroni union of
+                # the per-tree exact intervals keeps coverage >= 95 %.
+                ci01 = sum(tr.ci_halfwidth(self.t, 1 - 0.05 / len(trees)) for tr in trees) / den
             diverse = self._diverse_values()
         else:
             nc = self.noisy_counts

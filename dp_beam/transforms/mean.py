@@ -40,6 +40,7 @@ from dp_beam.mechanisms.continual_mean import (ContinualMeanCore, MeanAggregate,
                                                UserState, contribution, user_hash)
 from dp_beam.records import InvalidElement, LedgerEntry
 from dp_beam.records_mean import MeanRelease
+from dp_beam.mechanisms.registry import default_mechanism
 from dp_beam.transforms.continual import PLAN_ATTRIBUTE, ContinualResult, _StepOf, seconds
 from dp_beam.transforms.events import INVALID, NAMESPACE, PrepareEvents
 from dp_beam.transforms.release import ACCOUNTING, OrderedReleaseDoFn, ReleaseSpec
@@ -139,7 +140,8 @@ class MeanReleaseSpec(ReleaseSpec):
         yield MeanRelease(
             key=key, step=step, window_start=step * self.step_seconds,
             window_end=(step + 1) * self.step_seconds, value=out.estimate,
-            noise_std=out.noise_std, ci95=out.ci95, mechanism=MECHANISM,
+            noise_std=out.noise_std, ci95=out.ci95,
+            mechanism=f"{MECHANISM}+{self._params.mechanism}",
             transform=self.transform, t=out.t, diverse=out.diverse,
             denominator=float(out.denominator), active_levels=tuple(out.active),
             neighbours=self._params.neighbours)
@@ -175,6 +177,10 @@ class ContinualMean(beam.PTransform):
       noise, delta: ``"laplace"`` or ``"gaussian"`` (needs ``delta``).
       horizon: steps per stream or ``None`` (unbounded trees, §1.6 U2).
       timestamp_fn, allowed_lateness, late, max_idle_steps: as ``ContinualCount``.
+      mechanism: the continual-counting mechanism of every level's tree (as in
+        ``ContinualCount``); ``None`` picks the most accurate for the noise and
+        horizon. Each user enters each level at most once, so every
+        mechanism keeps its single-participation sensitivity.
       rng: ``None`` (secure); tests only: an int seed or a ``NoiseSource``.
     """
 
@@ -182,7 +188,7 @@ class ContinualMean(beam.PTransform):
                  max_users=1_000_000, beta=0.1, neighbours="participation", noise="laplace",
                  delta=None, median_budget="per_L", horizon=None, timestamp_fn=None,
                  allowed_lateness=datetime.timedelta(days=1), late="defer", max_idle_steps=1024,
-                 rng=None, label=None):
+                 mechanism=None, rng=None, label=None):
         super().__init__(label)
         for name, fn in (("user_fn", user_fn), ("value_fn", value_fn)):
             if not callable(fn):
@@ -204,9 +210,11 @@ class ContinualMean(beam.PTransform):
                                     or horizon < 1):
             raise ValueError(f"horizon must be an int >= 1 or None, got {horizon!r}")
         self._horizon = horizon
+        if mechanism is None:
+            mechanism = default_mechanism(noise, horizon)
         self._params = MeanParams(max_users, max_samples_per_user, epsilon, beta,
                                   neighbours=neighbours, noise=noise, delta=delta,
-                                  median_budget=median_budget)
+                                  median_budget=median_budget, mechanism=mechanism)
         self._allowed_lateness = seconds("allowed_lateness", allowed_lateness, allow_zero=True)
         if late not in ("defer", "drop"):
             raise ValueError(f"late must be 'defer' or 'drop', got {late!r}")
@@ -231,7 +239,8 @@ class ContinualMean(beam.PTransform):
         return LedgerEntry(
             transform=label, unit="user", neighbours=p.neighbours,
             epsilon=float(cost["epsilon"]), delta=float(cost["delta"] or 0.0),
-            rho=float(cost["rho"]), mechanism=MECHANISM, scope="stream", key=None,
+            rho=float(cost["rho"]), mechanism=f"{MECHANISM}+{p.mechanism}", scope="stream",
+            key=None,
             sensitivity=float(p.tree_sensitivity(p.L)), noise=p.noise,
             calibration="zcdp" if p.noise == "gaussian" else "")
 

@@ -54,7 +54,7 @@ def test_batch_values_noise_off_is_exact_every_step():
         rep = represented_count(r.step + 1, 3)
         assert r.value == pytest.approx(np.mean([xs[:rep] for xs in data.values()]), abs=1e-9)
         assert r.denominator == USERS * rep and r.diverse and r.neighbours == "values"
-        assert r.noise_std > 0 and r.ci95 > 0 and r.mechanism == "withhold_release_mean"
+        assert r.noise_std > 0 and r.ci95 > 0 and r.mechanism.startswith("withhold_release_mean+")
     assert out["invalid"] == []
     (entry,) = out["accounting"]
     assert entry.unit == "user" and entry.neighbours == "values"
@@ -137,3 +137,29 @@ def test_streaming_releases_in_order_with_empty_steps():
     assert values[2] == pytest.approx(5.0) and values[3] == pytest.approx(5.0)
     assert [r.denominator for r in rel[:4]] == [2, 2, 3, 4]
     assert out["invalid"] == [] and len(out["accounting"]) == 1
+
+
+@pytest.mark.parametrize("mechanism", ["tree", "honaker", "smooth_binary", None])
+def test_every_laplace_mechanism_gives_the_exact_mean_with_noise_off(mechanism):
+    from dp_beam.mechanisms import ZeroNoise
+    from dp_beam.transforms.mean import ContinualMean
+    from tests.beam_util import batch_options, collect
+    import apache_beam as beam
+
+    events = [{"ts": float(t), "u": f"u{t % 10}", "v": float(t % 5)} for t in range(40)]
+
+    def build(p):
+        res = p | beam.Create(events) | "mean" >> ContinualMean(
+            user_fn=lambda e: e["u"], value_fn=lambda e: e["v"], lower=0, upper=4,
+            max_samples_per_user=4, epsilon=1.0, step=10, timestamp_fn=lambda e: e["ts"],
+            neighbours="values", mechanism=mechanism, rng=ZeroNoise())
+        return {"releases": res.releases, "accounting": res.accounting}
+    out = collect(batch_options(), build)
+    releases = sorted(out["releases"], key=lambda r: r.step)
+    assert [r.step for r in releases] == [0, 1, 2, 3]
+    name = mechanism or "honaker"
+    assert all(r.mechanism.endswith("+" + name) for r in releases)
+    assert out["accounting"][0].mechanism.endswith("+" + name)
+    for r in releases:
+        if r.diverse and r.denominator > 0:
+            assert 0.0 <= r.value <= 4.0 and r.ci95 > 0
