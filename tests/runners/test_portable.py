@@ -1,4 +1,4 @@
-"""ContinualCount and ContinualSum on Beam's portable path (local job service +
+"""ContinualCount, ContinualSum, ContinualMean and ContinualERM on Beam's portable path (local job service +
 external SDK worker pool, how Flink and Dataflow run Python) give exactly the
 releases of the in-process FnApiRunner when the noise is fixed.
 
@@ -36,6 +36,18 @@ def _value(e):
     return e["v"]
 
 
+def _user(e):
+    return f"u{e['ts'] % 17}"
+
+
+def _features(e):
+    return [e["v"] / 4.0, (e["ts"] % 10) / 10.0]
+
+
+def _label(e):
+    return int(e["v"] > 0)
+
+
 # name -> transform factory; int seeds derive the noise per key and step, so
 # two runners must agree exactly.
 CASES = {
@@ -45,6 +57,13 @@ CASES = {
         epsilon=1.0, step=STEP, timestamp_fn=_ts, key_fn=_key, rng=11),
     "sum_seed": lambda: dpb.ContinualSum(
         value_fn=_value, lower=-2, upper=3, epsilon=1.0, step=STEP, timestamp_fn=_ts, rng=5),
+    "mean_seed": lambda: dpb.ContinualMean(
+        user_fn=_user, value_fn=_value, lower=-3, upper=4, max_samples_per_user=8,
+        epsilon=1.0, step=STEP, timestamp_fn=_ts, neighbours="values", rng=13),
+    "erm_seed": lambda: dpb.ContinualERM(
+        features_fn=_features, label_fn=_label, classes=(0, 1), n_features=2,
+        feature_bound=1.0, lam=0.1, epsilon=1.0, block_size=8, base_size=16, step=STEP,
+        timestamp_fn=_ts, rng=17),
 }
 
 
