@@ -201,6 +201,16 @@ class BLTMechanism(FactorisationMechanism):
     2^10)`` (the largest, 2^20, beyond the table), calibrated for the epoch's
     own column norm; any θ, ω give a valid mechanism, the table choice only
     avoids optimising at run time.
+
+    Example (``ZeroNoise`` switches noise off to show the sums; it is not
+    private, and production code leaves ``rng=None``):
+
+    >>> from dp_beam.mechanisms import BLTMechanism, BinaryTreeMechanism, ZeroNoise
+    >>> m = BLTMechanism(epsilon=1.0, horizon=8, rng=ZeroNoise(), noise="gaussian", delta=1e-6)
+    >>> [round(m.step(x), 6) for x in (1, 2, 3)]
+    [1.0, 3.0, 6.0]
+    >>> round(m.noise_std(3), 2), round(BinaryTreeMechanism(epsilon=1.0, horizon=8, noise="gaussian", delta=1e-6).noise_std(3), 2)
+    (8.27, 15.13)
     """
 
     name = "blt"

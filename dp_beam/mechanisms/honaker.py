@@ -72,6 +72,16 @@ class HonakerTreeMechanism(FactorisationMechanism):
 
     Noise draws: ``ν2(c) + 1`` node vectors at step c (two per step on
     average), in one call.
+
+    Example (``ZeroNoise`` switches noise off to show the sums; it is not
+    private, and production code leaves ``rng=None``):
+
+    >>> from dp_beam.mechanisms import HonakerTreeMechanism, BinaryTreeMechanism, ZeroNoise
+    >>> m = HonakerTreeMechanism(epsilon=1.0, horizon=8, rng=ZeroNoise())
+    >>> [round(m.step(x), 6) for x in (1, 2, 3)]
+    [1.0, 3.0, 6.0]
+    >>> round(m.noise_std(3), 2), round(BinaryTreeMechanism(epsilon=1.0, horizon=8).noise_std(3), 2)
+    (7.3, 8.0)
     """
 
     name = "honaker"

@@ -91,6 +91,16 @@ class SmoothBinaryMechanism(FactorisationMechanism):
     Constructor, privacy cost and the unbounded construction (epochs of
     ``2^k`` steps, each a smooth mechanism for its own horizon) are those of
     :class:`~dp_beam.mechanisms.tree.BinaryTreeMechanism`.
+
+    Example (``ZeroNoise`` switches noise off to show the sums; it is not
+    private, and production code leaves ``rng=None``):
+
+    >>> from dp_beam.mechanisms import SmoothBinaryMechanism, BinaryTreeMechanism, ZeroNoise
+    >>> m = SmoothBinaryMechanism(epsilon=1.0, horizon=8, rng=ZeroNoise())
+    >>> [round(m.step(x), 6) for x in (1, 2, 3)]
+    [1.0, 3.0, 6.0]
+    >>> round(m.noise_std(3), 2), round(BinaryTreeMechanism(epsilon=1.0, horizon=8).noise_std(3), 2)
+    (6.0, 8.0)
     """
 
     name = "smooth_binary"

@@ -347,6 +347,22 @@ class ContinualSum(_ContinualTotal):
     Values are clamped (counted in the ``clamped`` metric); non-numeric, NaN or
     infinite values go to ``.invalid``. Other arguments as
     :class:`ContinualCount`.
+
+    Example (noise switched off to show the clamped running sums):
+
+    >>> import apache_beam as beam
+    >>> from apache_beam.options.pipeline_options import PipelineOptions
+    >>> import dp_beam as dpb
+    >>> from dp_beam.mechanisms import ZeroNoise   # noise off: for the example only
+    >>> events = [{"ts": float(t), "delay": float(t % 5)} for t in range(30)]
+    >>> total = dpb.ContinualSum(value_fn=lambda e: e["delay"], lower=0, upper=3, epsilon=1.0,
+    ...                          step=10, timestamp_fn=lambda e: e["ts"], rng=ZeroNoise())
+    >>> with beam.Pipeline(options=PipelineOptions(flags=[], runner="FnApiRunner")) as p:
+    ...     out = p | beam.Create(events) | total
+    ...     _ = out.releases | beam.Map(lambda r: print(r.step, r.value))
+    0 18.0
+    1 36.0
+    2 54.0
     """
 
     def __init__(self, value_fn, lower, upper, epsilon, step, **kwargs):

@@ -329,7 +329,7 @@ _COMMON_ARGS = """
 
 
 class ContinualERM(_ERMTransform):
-    """Cumulative private models released every ``block_size`` points (Alg. 2 bases + Alg. 4; spec §1.5).
+    __doc__ = """Cumulative private models released every ``block_size`` points (Alg. 2 bases + Alg. 4; spec §1.5).
 
     A base model on all data at t = 2^k·B, doubling updates at t_g + 2^j·b0
     and single-block updates in between, each regularised toward a released
@@ -337,6 +337,25 @@ class ContinualERM(_ERMTransform):
     every stream is ε-DP per event (replace-one neighbours). ``base_size`` is
     B, a multiple of ``block_size`` = b0. The state keeps the whole history of
     the key (inherent, §3). See :class:`dp_beam.mechanisms.erm.ContinualERM`.
+
+    Example (a test seed; production leaves ``rng=None``):
+
+    >>> import apache_beam as beam
+    >>> from apache_beam.options.pipeline_options import PipelineOptions
+    >>> import dp_beam as dpb
+    >>> points = [{"ts": float(t), "x": [(t * 7 % 10) / 10, (t * 3 % 10) / 10],
+    ...            "y": int(t * 7 % 10 > 4)} for t in range(40)]
+    >>> erm = dpb.ContinualERM(
+    ...     features_fn=lambda e: e["x"], label_fn=lambda e: e["y"], classes=(0, 1), n_features=2, feature_bound=1.0, lam=0.1, epsilon=1.0, block_size=8, base_size=16,
+    ...     step=10,
+    ...     timestamp_fn=lambda e: e["ts"], rng=3)
+    >>> with beam.Pipeline(options=PipelineOptions(flags=[], runner="FnApiRunner")) as p:
+    ...     out = p | beam.Create(points) | erm
+    ...     _ = out.releases | beam.Map(lambda r: print(r.step, r.kind, len(r.weights)))
+    1 base 2
+    2 doubling 2
+    3 base 2
+    3 doubling 2
     """ + _COMMON_ARGS + """      base_size: B.
     """
 
@@ -349,11 +368,29 @@ class ContinualERM(_ERMTransform):
 
 
 class SlidingWindowERM(_ERMTransform):
-    """A private model of the last ``window`` points, every ``block_size`` points (Alg. 5; spec §1.7).
+    __doc__ = """A private model of the last ``window`` points, every ``block_size`` points (Alg. 5; spec §1.7).
 
     Exact for ``window = (2^k − 1)·block_size``; ``window_policy`` =
     ``"round_down"`` or ``"general"`` handles other windows as the spec says.
     Each stream is ε-DP per event. See :class:`dp_beam.mechanisms.erm.SlidingWindowERM`.
+
+    Example (a test seed; production leaves ``rng=None``):
+
+    >>> import apache_beam as beam
+    >>> from apache_beam.options.pipeline_options import PipelineOptions
+    >>> import dp_beam as dpb
+    >>> points = [{"ts": float(t), "x": [(t * 7 % 10) / 10, (t * 3 % 10) / 10],
+    ...            "y": int(t * 7 % 10 > 4)} for t in range(40)]
+    >>> erm = dpb.SlidingWindowERM(
+    ...     features_fn=lambda e: e["x"], label_fn=lambda e: e["y"], classes=(0, 1), n_features=2, feature_bound=1.0, lam=0.1, epsilon=1.0, block_size=8, window=24,
+    ...     step=10,
+    ...     timestamp_fn=lambda e: e["ts"], rng=3)
+    >>> with beam.Pipeline(options=PipelineOptions(flags=[], runner="FnApiRunner")) as p:
+    ...     out = p | beam.Create(points) | erm
+    ...     _ = out.releases | beam.Map(lambda r: print(r.step, r.kind, len(r.weights)))
+    2 left 2
+    3 right 2
+    3 left 2
     """ + _COMMON_ARGS + """      window: w, in points.
       window_policy: ``"exact"`` (default), ``"round_down"`` or ``"general"``.
     """
@@ -367,10 +404,32 @@ class SlidingWindowERM(_ERMTransform):
 
 
 class MultiResolutionERM(_ERMTransform):
-    """Models on the last 2^k·B points for every scale k with 2^k | t/B (Alg. 2; spec §1.3).
+    __doc__ = """Models on the last 2^k·B points for every scale k with 2^k | t/B (Alg. 2; spec §1.3).
 
     Each stream is ε-DP per event. ``max_scale`` caps k (and the retained data
     at 2^max_scale·B points). See :class:`dp_beam.mechanisms.erm.MultiResolutionERM`.
+
+    Example (a test seed; production leaves ``rng=None``):
+
+    >>> import apache_beam as beam
+    >>> from apache_beam.options.pipeline_options import PipelineOptions
+    >>> import dp_beam as dpb
+    >>> points = [{"ts": float(t), "x": [(t * 7 % 10) / 10, (t * 3 % 10) / 10],
+    ...            "y": int(t * 7 % 10 > 4)} for t in range(40)]
+    >>> erm = dpb.MultiResolutionERM(
+    ...     features_fn=lambda e: e["x"], label_fn=lambda e: e["y"], classes=(0, 1), n_features=2, feature_bound=1.0, lam=0.1, epsilon=1.0, block_size=8, step=10,
+    ...     timestamp_fn=lambda e: e["ts"], rng=3)
+    >>> with beam.Pipeline(options=PipelineOptions(flags=[], runner="FnApiRunner")) as p:
+    ...     out = p | beam.Create(points) | erm
+    ...     _ = out.releases | beam.Map(lambda r: print(r.step, r.kind, len(r.weights)))
+    0 scale 2
+    1 scale 2
+    1 scale 2
+    2 scale 2
+    3 scale 2
+    3 scale 2
+    3 scale 2
+    3 scale 2
     """ + _COMMON_ARGS + """      max_scale: optional cap on k.
     """
 

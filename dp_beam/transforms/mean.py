@@ -182,6 +182,24 @@ class ContinualMean(beam.PTransform):
         horizon. Each user enters each level at most once, so every
         mechanism keeps its single-participation sensitivity.
       rng: ``None`` (secure); tests only: an int seed or a ``NoiseSource``.
+
+    Example (noise switched off to show the estimate):
+
+    >>> import apache_beam as beam
+    >>> from apache_beam.options.pipeline_options import PipelineOptions
+    >>> import dp_beam as dpb
+    >>> from dp_beam.mechanisms import ZeroNoise   # noise off: for the example only
+    >>> events = [{"ts": float(t), "user": f"u{t % 10}", "delay": float(t % 5)} for t in range(30)]
+    >>> mean = dpb.ContinualMean(user_fn=lambda e: e["user"], value_fn=lambda e: e["delay"],
+    ...                          lower=0, upper=4, max_samples_per_user=4, epsilon=1.0, step=10,
+    ...                          timestamp_fn=lambda e: e["ts"], neighbours="values",
+    ...                          rng=ZeroNoise())
+    >>> with beam.Pipeline(options=PipelineOptions(flags=[], runner="FnApiRunner")) as p:
+    ...     out = p | beam.Create(events) | mean
+    ...     _ = out.releases | beam.Map(lambda r: print(r.step, round(r.value, 3), r.diverse))
+    0 2.0 True
+    1 2.0 True
+    2 2.0 True
     """
 
     def __init__(self, user_fn, value_fn, lower, upper, max_samples_per_user, epsilon, step, *,
