@@ -293,9 +293,9 @@ class ContinualCount(_ContinualTotal):
     ...     out = p | beam.Create([{"ts": 5.0}, {"ts": 7.0}, {"ts": 25.0}]) | count
     ...     _ = out.releases | beam.Map(
     ...         lambda r: print(r.step, r.t, r.mechanism, round(r.noise_std, 2)))
-    0 1 honaker 1.41
-    1 2 honaker 3.16
-    2 3 honaker 2.71
+    0 1 tree 1.41
+    1 2 tree 3.16
+    2 3 tree 3.16
 
     Args:
       epsilon: privacy parameter of every stream (> 0).
@@ -308,9 +308,10 @@ class ContinualCount(_ContinualTotal):
         are used, across all keys; the rest go to ``.invalid``).
       mechanism: the continual-counting mechanism (``dp_beam.mechanisms.registry``):
         ``"tree"``, ``"honaker"``, ``"smooth_binary"``, ``"blt"`` or
-        ``"sqrt_toeplitz"``; ``None`` picks the most accurate one for the noise
-        and horizon (``default_mechanism``: Honaker for Laplace noise and an
-        unknown horizon, smooth binary for a known one, BLT for Gaussian noise).
+        ``"sqrt_toeplitz"``; ``None`` picks ``default_mechanism(noise, horizon)``:
+        BLT for Gaussian noise, smooth binary for Laplace noise and a known
+        horizon, the tree for Laplace noise and no horizon (Honaker is more
+        accurate there but its exact intervals cost ~21 ms per release).
       noise: ``"laplace"`` (pure ε) or ``"gaussian"`` (needs ``delta``).
       calibration: Gaussian only: ``"zcdp"`` or ``"analytic"``.
       horizon: number of steps per stream, or ``None`` for unbounded.

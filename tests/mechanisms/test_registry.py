@@ -91,5 +91,11 @@ def test_default_mechanism_is_the_most_accurate_for_the_configuration(noise, hor
             continue
         worst[name] = max(m.noise_std(t) for t in range(1, (horizon or 2000) + 1))
     best = min(worst.values())
+    chosen = default_mechanism(noise, horizon)
+    if (noise, horizon) == ("laplace", None):
+        # Honaker is more accurate here but its exact per-step interval is
+        # costly (see default_mechanism); the tree is the documented default.
+        assert chosen == "tree" and min(worst, key=worst.get) == "honaker"
+        return
     # Ties (BLT and the square-root factorisation coincide closely) are allowed.
-    assert worst[default_mechanism(noise, horizon)] <= best * 1.01
+    assert worst[chosen] <= best * 1.01

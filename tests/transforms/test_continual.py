@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import dp_beam as dpb
-from dp_beam.mechanisms import HonakerTreeMechanism, ZeroNoise
+from dp_beam.mechanisms import BinaryTreeMechanism, ZeroNoise
 from tests.beam_util import batch_options, collect
 
 STEP = 10.0
@@ -50,7 +50,7 @@ def test_count_releases_every_step_in_order_with_exact_prefix_sums(mechanism, no
     assert [r.value for r in releases] == pytest.approx(expected.tolist(), abs=1e-9)
     for r in releases:
         assert r.window_start == r.step * STEP and r.window_end == (r.step + 1) * STEP
-        assert r.mechanism == (mechanism or "honaker") and r.transform == "t"
+        assert r.mechanism == (mechanism or "tree") and r.transform == "t"
     assert out["invalid"] == []
 
 
@@ -61,9 +61,9 @@ def test_release_noise_std_matches_the_mechanism_and_seeded_runs_repeat():
     first = sorted(_run(make(), events)["releases"], key=lambda r: r.step)
     second = sorted(_run(make(), events)["releases"], key=lambda r: r.step)
     assert [r.value for r in first] == [r.value for r in second]
-    # The default for Laplace noise and no horizon is Honaker's estimator.
-    assert {r.mechanism for r in first} == {"honaker"}
-    ref = HonakerTreeMechanism(epsilon=0.5, sensitivity=1.0, rng=ZeroNoise())
+    # The default for Laplace noise and no horizon is the tree.
+    assert {r.mechanism for r in first} == {"tree"}
+    ref = BinaryTreeMechanism(epsilon=0.5, sensitivity=1.0, rng=ZeroNoise())
     for r in first:
         assert r.noise_std == pytest.approx(ref.noise_std(r.t))
         assert r.ci95 == pytest.approx(ref.ci_halfwidth(r.t))

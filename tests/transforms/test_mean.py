@@ -157,7 +157,7 @@ def test_every_laplace_mechanism_gives_the_exact_mean_with_noise_off(mechanism):
     out = collect(batch_options(), build)
     releases = sorted(out["releases"], key=lambda r: r.step)
     assert [r.step for r in releases] == [0, 1, 2, 3]
-    name = mechanism or "honaker"
+    name = mechanism or "tree"
     assert all(r.mechanism.endswith("+" + name) for r in releases)
     assert out["accounting"][0].mechanism.endswith("+" + name)
     for r in releases:
