@@ -25,7 +25,6 @@ T = 2^20 (``--log2 20``) takes several minutes per mechanism for the simulation.
 """
 
 import argparse
-import math
 import os
 import pickle
 import sys

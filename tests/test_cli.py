@@ -1,7 +1,6 @@
 """The dp-beam command: jobs, plan, run, report, help and one-line errors."""
 
 import importlib.util
-import json
 import os
 import subprocess
 import sys

@@ -109,7 +109,7 @@ import pickle
 import numpy as np
 
 from .calibration import eps_from_rho_delta, rho_from_eps, rho_from_eps_delta
-from .noise import (NoiseSource, SecureNoise, SeededNoise, ZeroNoise, gaussian_halfwidth,
+from .noise import (SecureNoise, SeededNoise, ZeroNoise, gaussian_halfwidth,
                     laplace_sum_halfwidth, make_noise)
 from .registry import get_mechanism
 from .tree import BinaryTreeMechanism

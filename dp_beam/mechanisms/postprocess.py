@@ -12,8 +12,6 @@ or exact node values, so it costs no privacy and adds no ledger entry (R4).
   of equal-variance noisy counts, parent = Σ children (R10, Hay et al. 2010).
 """
 
-import math
-
 import numpy as np
 
 

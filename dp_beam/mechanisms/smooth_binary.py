@@ -170,7 +170,6 @@ class SmoothBinaryMechanism(FactorisationMechanism):
     @classmethod
     def right_factor(cls, horizon):
         """Rows: the released nodes in noise-draw order; columns: steps. For tests."""
-        plan = cls._plan(horizon)
         leaves = cls.leaves(horizon)
         position = {leaf: s for s, leaf in enumerate(leaves[:-1])}
         rows = []

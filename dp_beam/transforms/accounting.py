@@ -14,7 +14,7 @@ from apache_beam.transforms.window import GlobalWindows
 
 from dp_beam.accounting import Budget, check_budget, compose
 from dp_beam.accounting.costs import scale
-from dp_beam.transforms.continual import PLAN_ATTRIBUTE
+from dp_beam.transforms.release import PLAN_ATTRIBUTE
 
 
 def _inputs(pcolls):

@@ -15,7 +15,7 @@ unit; streams of different keys compose in parallel.
 import datetime
 import math
 import numbers
-from typing import Any, NamedTuple, Tuple
+from typing import Any, Tuple
 
 import apache_beam as beam
 from apache_beam.transforms.window import FixedWindows, GlobalWindows
@@ -26,16 +26,8 @@ from dp_beam.mechanisms.postprocess import MonotoneRelease
 from dp_beam.mechanisms.registry import default_mechanism, get_mechanism
 from dp_beam.records import LedgerEntry, Release
 from dp_beam.transforms.events import INVALID, BoundContributions, PrepareEvents
-from dp_beam.transforms.release import ACCOUNTING, OrderedReleaseDoFn, ReleaseSpec
+from dp_beam.transforms.release import ReleaseSpec, release_in_order
 
-PLAN_ATTRIBUTE = "dp_beam_plan"
-
-
-class ContinualResult(NamedTuple):
-    """The outputs of a continual transform."""
-    releases: beam.PCollection
-    accounting: beam.PCollection
-    invalid: beam.PCollection
 
 
 def seconds(name, value, allow_zero=False) -> float:
@@ -258,22 +250,9 @@ class _ContinualTotal(beam.PTransform):
         entry = self.plan_entry(label)
         spec = CounterReleaseSpec(label, self._step, self._mechanism, self._mechanism_args, entry,
                                   self._monotone)
-        release_fn = OrderedReleaseDoFn(spec, bounded=bounded_input, late=self._late,
-                                        seed=self._seed, max_idle_steps=self._max_idle)
-        if bounded_input:
-            last_step = (aggregates
-                         | "Steps" >> beam.Map(lambda kv: kv[1][0])
-                         | "LastStep" >> beam.CombineGlobally(max).without_defaults())
-            side = {"last_step": beam.pvalue.AsSingleton(last_step, default_value=None)}
-        else:
-            side = {}
-        released = aggregates | "Release" >> beam.ParDo(release_fn, **side).with_outputs(
-            ACCOUNTING, INVALID, main="releases")
-        invalids.append(released[INVALID])
-        invalid = tuple(invalids) | "Invalid" >> beam.Flatten()
-        accounting = released[ACCOUNTING]
-        setattr(accounting, PLAN_ATTRIBUTE, (entry,))
-        return ContinualResult(released.releases, accounting, invalid)
+        return release_in_order(aggregates, spec, entry, invalids, bounded=bounded_input,
+                                late=self._late, seed=self._seed,
+                                max_idle_steps=self._max_idle)
 
 
 class ContinualCount(_ContinualTotal):

@@ -32,9 +32,9 @@ from dp_beam.mechanisms import NoiseSource, ZeroNoise
 from dp_beam.mechanisms import erm as erm_mech
 from dp_beam.records import InvalidElement, LedgerEntry
 from dp_beam.records_erm import ModelRecord
-from dp_beam.transforms.continual import PLAN_ATTRIBUTE, ContinualResult, _StepOf, seconds
+from dp_beam.transforms.continual import _StepOf, seconds
 from dp_beam.transforms.events import _MAX_SECONDS, _MIN_SECONDS, INVALID, NAMESPACE, as_real
-from dp_beam.transforms.release import ACCOUNTING, OrderedReleaseDoFn, ReleaseSpec
+from dp_beam.transforms.release import ReleaseSpec, release_in_order
 
 NEIGHBOURS = "replace one event (the event count per stream is public: blocks are count-triggered)"
 
@@ -284,22 +284,9 @@ class _ERMTransform(beam.PTransform):
         bounded_input = events.is_bounded
         entry = self.plan_entry(label)
         spec = ERMReleaseSpec(label, self._step, self._stream_cls, self._args, entry)
-        release_fn = OrderedReleaseDoFn(spec, bounded=bounded_input, late=self._late,
-                                        seed=self._seed, max_idle_steps=self._max_idle)
-        if bounded_input:
-            last_step = (aggregates
-                         | "Steps" >> beam.Map(lambda kv: kv[1][0])
-                         | "LastStep" >> beam.CombineGlobally(max).without_defaults())
-            side = {"last_step": beam.pvalue.AsSingleton(last_step, default_value=None)}
-        else:
-            side = {}
-        released = aggregates | "Release" >> beam.ParDo(release_fn, **side).with_outputs(
-            ACCOUNTING, INVALID, main="releases")
-        invalids.append(released[INVALID])
-        invalid = tuple(invalids) | "Invalid" >> beam.Flatten()
-        accounting = released[ACCOUNTING]
-        setattr(accounting, PLAN_ATTRIBUTE, (entry,))
-        return ContinualResult(released.releases, accounting, invalid)
+        return release_in_order(aggregates, spec, entry, invalids, bounded=bounded_input,
+                                late=self._late, seed=self._seed,
+                                max_idle_steps=self._max_idle)
 
 
 _COMMON_ARGS = """
@@ -343,12 +330,13 @@ class ContinualERM(_ERMTransform):
     >>> import apache_beam as beam
     >>> from apache_beam.options.pipeline_options import PipelineOptions
     >>> import dp_beam as dpb
+    >>> test_seed = 3   # tests only; production leaves rng=None (secure noise)
     >>> points = [{"ts": float(t), "x": [(t * 7 % 10) / 10, (t * 3 % 10) / 10],
     ...            "y": int(t * 7 % 10 > 4)} for t in range(40)]
     >>> erm = dpb.ContinualERM(
     ...     features_fn=lambda e: e["x"], label_fn=lambda e: e["y"], classes=(0, 1), n_features=2, feature_bound=1.0, lam=0.1, epsilon=1.0, block_size=8, base_size=16,
     ...     step=10,
-    ...     timestamp_fn=lambda e: e["ts"], rng=3)
+    ...     timestamp_fn=lambda e: e["ts"], rng=test_seed)
     >>> with beam.Pipeline(options=PipelineOptions(flags=[], runner="FnApiRunner")) as p:
     ...     out = p | beam.Create(points) | erm
     ...     _ = out.releases | beam.Map(lambda r: print(r.step, r.kind, len(r.weights)))
@@ -379,12 +367,13 @@ class SlidingWindowERM(_ERMTransform):
     >>> import apache_beam as beam
     >>> from apache_beam.options.pipeline_options import PipelineOptions
     >>> import dp_beam as dpb
+    >>> test_seed = 3   # tests only; production leaves rng=None (secure noise)
     >>> points = [{"ts": float(t), "x": [(t * 7 % 10) / 10, (t * 3 % 10) / 10],
     ...            "y": int(t * 7 % 10 > 4)} for t in range(40)]
     >>> erm = dpb.SlidingWindowERM(
     ...     features_fn=lambda e: e["x"], label_fn=lambda e: e["y"], classes=(0, 1), n_features=2, feature_bound=1.0, lam=0.1, epsilon=1.0, block_size=8, window=24,
     ...     step=10,
-    ...     timestamp_fn=lambda e: e["ts"], rng=3)
+    ...     timestamp_fn=lambda e: e["ts"], rng=test_seed)
     >>> with beam.Pipeline(options=PipelineOptions(flags=[], runner="FnApiRunner")) as p:
     ...     out = p | beam.Create(points) | erm
     ...     _ = out.releases | beam.Map(lambda r: print(r.step, r.kind, len(r.weights)))
@@ -414,11 +403,12 @@ class MultiResolutionERM(_ERMTransform):
     >>> import apache_beam as beam
     >>> from apache_beam.options.pipeline_options import PipelineOptions
     >>> import dp_beam as dpb
+    >>> test_seed = 3   # tests only; production leaves rng=None (secure noise)
     >>> points = [{"ts": float(t), "x": [(t * 7 % 10) / 10, (t * 3 % 10) / 10],
     ...            "y": int(t * 7 % 10 > 4)} for t in range(40)]
     >>> erm = dpb.MultiResolutionERM(
     ...     features_fn=lambda e: e["x"], label_fn=lambda e: e["y"], classes=(0, 1), n_features=2, feature_bound=1.0, lam=0.1, epsilon=1.0, block_size=8, step=10,
-    ...     timestamp_fn=lambda e: e["ts"], rng=3)
+    ...     timestamp_fn=lambda e: e["ts"], rng=test_seed)
     >>> with beam.Pipeline(options=PipelineOptions(flags=[], runner="FnApiRunner")) as p:
     ...     out = p | beam.Create(points) | erm
     ...     _ = out.releases | beam.Map(lambda r: print(r.step, r.kind, len(r.weights)))

@@ -39,11 +39,11 @@ from dp_beam.mechanisms import NoiseSource
 from dp_beam.mechanisms.continual_mean import (ContinualMeanCore, MeanAggregate, MeanParams,
                                                UserState, contribution, user_hash)
 from dp_beam.records import InvalidElement, LedgerEntry
-from dp_beam.records_mean import MeanRelease
 from dp_beam.mechanisms.registry import default_mechanism
-from dp_beam.transforms.continual import PLAN_ATTRIBUTE, ContinualResult, _StepOf, seconds
+from dp_beam.records_mean import MeanRelease
+from dp_beam.transforms.continual import _StepOf, seconds
 from dp_beam.transforms.events import INVALID, NAMESPACE, PrepareEvents
-from dp_beam.transforms.release import ACCOUNTING, OrderedReleaseDoFn, ReleaseSpec
+from dp_beam.transforms.release import ReleaseSpec, release_in_order
 
 MECHANISM = "withhold_release_mean"
 
@@ -285,19 +285,6 @@ class ContinualMean(beam.PTransform):
         entry = self.plan_entry(label)
         spec = MeanReleaseSpec(label, self._step, self._params, self._lower, self._upper,
                                self._horizon, entry)
-        release_fn = OrderedReleaseDoFn(spec, bounded=bounded_input, late=self._late,
-                                        seed=self._seed, max_idle_steps=self._max_idle)
-        if bounded_input:
-            last_step = (aggregates
-                         | "Steps" >> beam.Map(lambda kv: kv[1][0])
-                         | "LastStep" >> beam.CombineGlobally(max).without_defaults())
-            side = {"last_step": beam.pvalue.AsSingleton(last_step, default_value=None)}
-        else:
-            side = {}
-        released = aggregates | "Release" >> beam.ParDo(release_fn, **side).with_outputs(
-            ACCOUNTING, INVALID, main="releases")
-        invalids.append(released[INVALID])
-        invalid = tuple(invalids) | "Invalid" >> beam.Flatten()
-        accounting = released[ACCOUNTING]
-        setattr(accounting, PLAN_ATTRIBUTE, (entry,))
-        return ContinualResult(released.releases, accounting, invalid)
+        return release_in_order(aggregates, spec, entry, invalids, bounded=bounded_input,
+                                late=self._late, seed=self._seed,
+                                max_idle_steps=self._max_idle)

@@ -14,7 +14,7 @@ restore the mechanism, how to merge aggregates and what to emit per step.
 
 import hashlib
 import pickle
-from typing import Any, Iterable, List, Optional
+from typing import Any, Iterable, List, NamedTuple, Optional
 
 import apache_beam as beam
 import numpy as np
@@ -30,6 +30,16 @@ from dp_beam.records import InvalidElement
 from dp_beam.transforms.events import INVALID, NAMESPACE
 
 ACCOUNTING = "accounting"
+#: Attribute of an ``.accounting`` PCollection holding the transform's planned
+#: ledger entries, read by ``CombineAccounting`` and ``dp_beam.plan``.
+PLAN_ATTRIBUTE = "dp_beam_plan"
+
+
+class ContinualResult(NamedTuple):
+    """The outputs of a continual transform."""
+    releases: beam.PCollection
+    accounting: beam.PCollection
+    invalid: beam.PCollection
 
 
 class ReleaseSpec:
@@ -276,3 +286,29 @@ class OrderedReleaseDoFn(beam.DoFn):
                 buffer.add((step, aggregate))
         if not self._bounded and not exhausted and (idle < self._max_idle or pending):
             timer.set(self._end_micros(max(nxt, until + 1)))
+
+
+def release_in_order(aggregates, spec, entry, invalids, *, bounded, late, seed, max_idle_steps):
+    """Applies the ordered release to per-step aggregates; the common tail of every transform.
+
+    ``aggregates`` are ``(key, (step, aggregate))`` in the global window. For
+    bounded input the last step with data across all keys is computed and
+    given as a side input, so every stream runs through it. Returns the
+    :class:`ContinualResult` with ``invalids`` (earlier dead-letter outputs)
+    flattened with the release's own, and ``entry`` attached to the
+    accounting output as the transform's plan.
+    """
+    release_fn = OrderedReleaseDoFn(spec, bounded=bounded, late=late, seed=seed,
+                                    max_idle_steps=max_idle_steps)
+    side = {}
+    if bounded:
+        last_step = (aggregates
+                     | "Steps" >> beam.Map(lambda kv: kv[1][0])
+                     | "LastStep" >> beam.CombineGlobally(max).without_defaults())
+        side["last_step"] = beam.pvalue.AsSingleton(last_step, default_value=None)
+    released = aggregates | "Release" >> beam.ParDo(release_fn, **side).with_outputs(
+        ACCOUNTING, INVALID, main="releases")
+    invalid = tuple(invalids) + (released[INVALID],) | "Invalid" >> beam.Flatten()
+    accounting = released[ACCOUNTING]
+    setattr(accounting, PLAN_ATTRIBUTE, (entry,))
+    return ContinualResult(released.releases, accounting, invalid)

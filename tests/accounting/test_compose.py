@@ -3,7 +3,6 @@
 import numpy as np
 import pytest
 
-import dp_beam as dpb
 from dp_beam.accounting import Budget, check_budget, compose
 from dp_beam.records import LedgerEntry
 

@@ -1,6 +1,5 @@
 """Buffered linear Toeplitz mechanism (dp_beam.mechanisms.blt)."""
 
-import math
 
 import numpy as np
 import pytest

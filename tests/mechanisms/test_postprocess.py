@@ -1,7 +1,5 @@
 """Free post-processing: isotonic fits, online monotone releases, Hay consistency (spec §4 R8–R10)."""
 
-import itertools
-
 import numpy as np
 import pytest
 

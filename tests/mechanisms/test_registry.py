@@ -7,7 +7,6 @@ import pytest
 
 from dp_beam.mechanisms import (
     MECHANISMS,
-    BinaryTreeMechanism,
     ZeroNoise,
     get_mechanism,
     participation_norm,

@@ -11,7 +11,7 @@ from dp_beam.mechanisms import ZeroNoise
 from dp_beam.mechanisms import erm as mech
 from dp_beam.records import InvalidElement, LedgerEntry
 from dp_beam.records_erm import ModelRecord
-from dp_beam.transforms.continual import PLAN_ATTRIBUTE
+from dp_beam.transforms.release import PLAN_ATTRIBUTE
 from dp_beam.transforms.erm import ContinualERM, MultiResolutionERM, SlidingWindowERM
 from tests.beam_util import batch_options, collect
 

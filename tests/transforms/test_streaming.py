@@ -1,6 +1,5 @@
 """Streaming tests (TestStream on BundleBasedDirectRunner) of the ordered release."""
 
-import apache_beam as beam
 import pytest
 from apache_beam.testing.test_stream import TestStream as _TestStream
 from apache_beam.transforms.window import TimestampedValue
