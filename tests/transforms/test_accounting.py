@@ -68,6 +68,8 @@ def test_plan_without_running_and_rejects_derived_pcollections():
 
 def _factories():
     ts = dict(timestamp_fn=lambda e: e["ts"], step=10, rng=7)
+    erm = dict(features_fn=lambda e: [e["delay"] / 10, 0.5], label_fn=lambda e: int(e["delay"] > 3),
+               classes=(0, 1), n_features=2, feature_bound=1.0, lam=0.1, epsilon=0.3)
     return {
         "count": lambda: dpb.ContinualCount(epsilon=0.3, key_fn=lambda e: e["carrier"], **ts),
         "user count": lambda: dpb.ContinualCount(
@@ -82,6 +84,9 @@ def _factories():
         "mean": lambda: dpb.ContinualMean(
             user_fn=lambda e: e["carrier"], value_fn=lambda e: e["delay"], lower=0, upper=10,
             max_samples_per_user=8, epsilon=0.3, **ts),
+        "continual erm": lambda: dpb.ContinualERM(block_size=4, base_size=8, **erm, **ts),
+        "sliding erm": lambda: dpb.SlidingWindowERM(block_size=4, window=12, **erm, **ts),
+        "multi-resolution erm": lambda: dpb.MultiResolutionERM(block_size=4, **erm, **ts),
     }
 
 
@@ -92,7 +97,7 @@ def test_runtime_ledger_never_exceeds_the_plan_for_every_transform_type():
         events = p | beam.Create(EVENTS)
         results = {name: events | name >> make() for name, make in _factories().items()}
         accounting = {name: r.accounting for name, r in results.items()}
-        combine = dpb.CombineAccounting(dpb.Budget(epsilon=6.0, delta=1e-6))
+        combine = dpb.CombineAccounting(dpb.Budget(epsilon=10.0, delta=1e-6))
         holder["combine"] = combine
         holder["plan"] = per_transform(plan_entries(accounting))
         return {"report": accounting | combine,
