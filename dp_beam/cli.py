@@ -223,8 +223,8 @@ def load_outputs(out_dir):
     """``(streams, ledger, reports)`` of a run's output folder.
 
     ``streams`` maps ``(transform, key as JSON)`` to that stream's releases in
-    step order; streaming runs write windowed files (``releases-<window>…``),
-    which are read together.
+    step order; streaming runs write one file per bundle (``releases-<id>.jsonl``),
+    which are read together (a release repeated by a retried bundle counts once).
     """
     if "://" not in out_dir and not os.path.isdir(out_dir):
         raise CliError(f"no such folder: {out_dir}")

@@ -21,6 +21,10 @@ class Release(NamedTuple):
     ``output="per_step"``). ``noise_std`` is the public standard deviation of the
     noise in ``value`` and ``ci95`` the half-width of its exact 95 % interval:
     both are functions of public parameters only.
+
+    >>> r = Release("AA", 3, 10800.0, 14400.0, 41.5, 2.83, 5.54, "tree", "hourly", 4)
+    >>> to_json(r)["value"], r.value - r.ci95 < 41.5 < r.value + r.ci95
+    (41.5, True)
     """
     key: Any
     step: int
@@ -48,6 +52,11 @@ class LedgerEntry(NamedTuple):
     transform (``None`` at the event level). ``group`` is the factor by which
     a stability or group-privacy step scaled the mechanism's own cost (1 when
     none did).
+
+    >>> e = LedgerEntry("hourly", "event", "add/remove one event", 0.5, 0.0, 0.125, "tree",
+    ...                 "stream")
+    >>> to_json(e)["version"], e.group
+    (1, 1)
     """
     transform: str
     unit: str
@@ -73,6 +82,10 @@ class InvalidElement(NamedTuple):
     rejected element; more for a late aggregate dropped under ``late="drop"``
     (its events were already combined when the lateness became known). Over a
     whole run, input events = events used + sum of ``count`` over ``.invalid``.
+
+    >>> bad = InvalidElement("delay", "value is NaN", {"dep_delay": float("nan")})
+    >>> to_json(bad)["element"], bad.count
+    ({'dep_delay': 'nan'}, 1)
     """
     transform: str
     reason: str
@@ -118,6 +131,13 @@ class AccountingReport(NamedTuple):
     follows (see ``note``). ``remaining_*`` is the budget minus the cost,
     ``None`` where the budget does not constrain that quantity. ``lines`` are
     the ledger entries the report was composed from.
+
+    >>> from dp_beam.accounting import Budget, compose
+    >>> e = LedgerEntry("hourly", "event", "add/remove one event", 0.5, 0.0, 0.125, "tree",
+    ...                 "stream")
+    >>> (report,) = compose([e], Budget(epsilon=1.0))
+    >>> report.unit, report.epsilon, report.remaining_epsilon, report.within_budget
+    ('event', 0.5, 0.5, True)
     """
     unit: str
     epsilon: Optional[float]

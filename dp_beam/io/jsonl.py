@@ -2,18 +2,25 @@
 
 Every line is ``dp_beam.records.to_json(record)``: the record's fields plus
 ``record`` (its type) and, for ledger entries and reports, ``version``.
-Bounded input is written to one file at exactly ``path``; unbounded input is
-cut into event-time windows of ``window`` seconds and each window's pane is
-written to its own file named from ``path`` (``<path stem>-<window>-<pane>…``),
-so a streaming job's records become visible as their windows close.
+Paths may be local or any filesystem Beam knows (``gs://`` included).
+
+Bounded input is written to one file at exactly ``path``. Unbounded input is
+written bundle by bundle: each bundle's records go to a new file named
+``<path stem>-<unique id>.jsonl`` beside ``path``, written when the bundle
+finishes. No windowing or grouping stands between a record and its file, so a
+record is never dropped for arriving late — which a windowed file sink does to
+the releases a stream emits after its watermark reached the end of time (a
+drained job, the end of a test stream). A bundle that fails after writing and
+is retried writes its records again under another name: delivery is at least
+once, and ``(transform, key, step)`` identifies a release for de-duplication.
 """
 
 import json
 import os
+import uuid
 
 import apache_beam as beam
-from apache_beam.io import fileio
-from apache_beam.transforms.window import FixedWindows
+from apache_beam.io.filesystems import FileSystems
 
 from dp_beam.records import to_json
 
@@ -22,15 +29,37 @@ def dumps(record) -> str:
     return json.dumps(to_json(record), sort_keys=False, allow_nan=False)
 
 
-class WriteJsonLines(beam.PTransform):
-    """Writes records as JSON lines (one file in batch, windowed files in streaming)."""
+class _WriteBundles(beam.DoFn):
+    """Writes the lines of each bundle to a file of its own."""
 
-    def __init__(self, path, window=3600, label=None):
+    def __init__(self, directory, stem):
+        self._directory = directory
+        self._stem = stem
+        self._lines = None
+
+    def start_bundle(self):
+        self._lines = []
+
+    def process(self, line):
+        self._lines.append(line)
+
+    def finish_bundle(self):
+        if not self._lines:
+            return
+        path = FileSystems.join(self._directory, f"{self._stem}-{uuid.uuid4().hex}.jsonl")
+        with FileSystems.create(path) as fh:
+            fh.write(("\n".join(self._lines) + "\n").encode("utf-8"))
+        self._lines = []
+
+
+class WriteJsonLines(beam.PTransform):
+    """Writes records as JSON lines (one file in batch, one file per bundle in streaming)."""
+
+    def __init__(self, path, label=None):
         super().__init__(label)
         if not isinstance(path, str) or not path:
             raise ValueError(f"path must be a non-empty string, got {path!r}")
         self._path = path
-        self._window = window
 
     def expand(self, records):
         lines = records | "ToJson" >> beam.Map(dumps)
@@ -39,12 +68,7 @@ class WriteJsonLines(beam.PTransform):
                 self._path, shard_name_template="", num_shards=1)
         directory, name = os.path.split(self._path.rstrip("/"))
         stem = name[:-len(".jsonl")] if name.endswith(".jsonl") else name
-        return (lines
-                | "Window" >> beam.WindowInto(FixedWindows(self._window))
-                | "Write" >> fileio.WriteToFiles(
-                    path=directory or ".",
-                    file_naming=fileio.default_file_naming(prefix=stem, suffix=".jsonl"),
-                    shards=1))
+        return lines | "Write" >> beam.ParDo(_WriteBundles(directory or ".", stem))
 
 
 class WriteReleases(WriteJsonLines):

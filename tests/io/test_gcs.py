@@ -104,15 +104,16 @@ def test_streaming_releases_and_ledger_land_in_gcs(gcs):
     assert {e["epsilon"] for e in ledger} == {0.5}
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "BundleBasedDirectRunner: records a release DoFn emits from its timers after the watermark "
-    "has reached the end of time (the trailing empty steps at the end of a test stream) are "
-    "written by fileio to temporary objects and never finalised; Python timers set no "
-    "output-timestamp hold, so every such record is late for any window"))
 def test_streaming_sink_keeps_releases_emitted_at_the_final_watermark(gcs):
     run_streaming("final")
     objects = read_objects(gcs, "final/")
     assert not [n for n in objects if "/.temp" in n], sorted(objects)
+    releases = [r for name, recs in objects.items() if "/releases" in name for r in recs]
+    for name in TRANSFORMS:
+        steps = sorted(r["step"] for r in releases if r["transform"] == name)
+        # Every step through the empty ones released after the watermark reached
+        # the end of time (max_idle_steps=2 after the last event's step 3).
+        assert steps == list(range(0, 6)), (name, steps)
 
 
 flights = pytest.importorskip("pipelines.flights")
