@@ -28,7 +28,7 @@ from scipy import integrate, optimize
 
 from .calibration import CALIBRATIONS, gaussian_sigma, laplace_scale, rho_from_eps, rho_from_eps_delta
 from .noise import gaussian_halfwidth, laplace_sum_halfwidth, make_noise
-from .tree import BinaryTreeMechanism
+from .tree import BinaryTreeMechanism, _check_step_index, restore_parameters
 
 __all__ = [
     "FactorisationMechanism",
@@ -62,12 +62,6 @@ def prefix_sum_lower_bound(horizon):
     j = np.arange(1, horizon + 1, dtype=np.float64)
     singular = 0.5 / np.sin((2.0 * j - 1.0) * math.pi / (4.0 * horizon + 2.0))
     return float(singular.sum() / horizon)
-
-
-def _check_step_index(t):
-    if isinstance(t, bool) or not isinstance(t, numbers.Integral) or t < 1:
-        raise ValueError(f"t must be an int >= 1, got {t!r}")
-    return int(t)
 
 
 # -- exact confidence intervals for weighted sums of Laplace noises ---------------
@@ -503,31 +497,7 @@ class FactorisationMechanism:
         a noise source positioned where the original's was, the restored
         mechanism releases exactly what the original would have.
         """
-        if not isinstance(state, dict):
-            raise ValueError(f"state must be a dict, got {type(state).__name__}")
-        if state.get("mechanism") != cls.name:
-            raise ValueError(f"state is not a {cls.name!r} state: mechanism={state.get('mechanism')!r}")
-        if state.get("version") != cls.STATE_VERSION:
-            raise ValueError(f"unsupported state version {state.get('version')!r}, expected {cls.STATE_VERSION}")
-        try:
-            mech = cls(
-                epsilon=state["epsilon"],
-                sensitivity=state["sensitivity"],
-                horizon=state["horizon"],
-                noise=state["noise"],
-                delta=state["delta"],
-                dim=state["dim"],
-                rng=rng,
-                calibration=state["calibration"],
-            )
-            t = state["t"]
-            core = state["core"]
-            roots = state["roots"]
-        except KeyError as err:
-            raise ValueError(f"state is missing field {err.args[0]!r}") from None
-        if isinstance(t, bool) or not isinstance(t, numbers.Integral) or t < 0:
-            raise ValueError(f"state t must be an int >= 0, got {t!r}")
-        t = int(t)
+        mech, t, (core, roots) = restore_parameters(cls, state, rng, ("core", "roots"))
         if mech._horizon is not None:
             if t > mech._horizon:
                 raise ValueError(f"state t={t} exceeds horizon {mech._horizon}")

@@ -27,6 +27,40 @@ def _check_step_index(t):
     return int(t)
 
 
+def restore_parameters(cls, state, rng, fields):
+    """The common start of a continual mechanism's ``from_state``.
+
+    Checks the state's type, mechanism name and version, rebuilds ``cls``
+    from the constructor parameters the state stores (so every parameter is
+    validated again), and returns ``(mechanism, t, [state[f] for f in fields])``
+    with the step count ``t`` checked.
+    """
+    if not isinstance(state, dict):
+        raise ValueError(f"state must be a dict, got {type(state).__name__}")
+    if state.get("mechanism") != cls.name:
+        raise ValueError(f"state is not a {cls.name!r} state: mechanism={state.get('mechanism')!r}")
+    if state.get("version") != cls.STATE_VERSION:
+        raise ValueError(f"unsupported state version {state.get('version')!r}, expected {cls.STATE_VERSION}")
+    try:
+        mech = cls(
+            epsilon=state["epsilon"],
+            sensitivity=state["sensitivity"],
+            horizon=state["horizon"],
+            noise=state["noise"],
+            delta=state["delta"],
+            dim=state["dim"],
+            rng=rng,
+            calibration=state["calibration"],
+        )
+        t = state["t"]
+        values = [state[name] for name in fields]
+    except KeyError as err:
+        raise ValueError(f"state is missing field {err.args[0]!r}") from None
+    if isinstance(t, bool) or not isinstance(t, numbers.Integral) or t < 0:
+        raise ValueError(f"state t must be an int >= 0, got {t!r}")
+    return mech, int(t), values
+
+
 class BinaryTreeMechanism:
     """Noisy running sums (prefix sums) of a stream of scalars or vectors.
 
@@ -503,31 +537,7 @@ class BinaryTreeMechanism:
         a noise source positioned where the original's was, the restored
         mechanism releases exactly what the original would have.
         """
-        if not isinstance(state, dict):
-            raise ValueError(f"state must be a dict, got {type(state).__name__}")
-        if state.get("mechanism") != cls.name:
-            raise ValueError(f"state is not a {cls.name!r} state: mechanism={state.get('mechanism')!r}")
-        if state.get("version") != cls.STATE_VERSION:
-            raise ValueError(f"unsupported state version {state.get('version')!r}, expected {cls.STATE_VERSION}")
-        try:
-            mech = cls(
-                epsilon=state["epsilon"],
-                sensitivity=state["sensitivity"],
-                horizon=state["horizon"],
-                noise=state["noise"],
-                delta=state["delta"],
-                dim=state["dim"],
-                rng=rng,
-                calibration=state["calibration"],
-            )
-            t = state["t"]
-            nodes = state["nodes"]
-            roots = state["roots"]
-        except KeyError as err:
-            raise ValueError(f"state is missing field {err.args[0]!r}") from None
-        if isinstance(t, bool) or not isinstance(t, numbers.Integral) or t < 0:
-            raise ValueError(f"state t must be an int >= 0, got {t!r}")
-        t = int(t)
+        mech, t, (nodes, roots) = restore_parameters(cls, state, rng, ("nodes", "roots"))
         dim = mech._dim
         if mech._horizon is not None:
             if t > mech._horizon:
