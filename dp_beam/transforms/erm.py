@@ -23,24 +23,23 @@ import math
 from typing import Any, Tuple
 
 import apache_beam as beam
-from apache_beam import pvalue
 from apache_beam.metrics import Metrics
 from apache_beam.transforms.window import FixedWindows, GlobalWindows
 from apache_beam.utils.timestamp import Duration
 
 from dp_beam.mechanisms import NoiseSource, ZeroNoise
 from dp_beam.mechanisms import erm as erm_mech
-from dp_beam.records import InvalidElement, LedgerEntry
+from dp_beam.records import LedgerEntry
 from dp_beam.records_erm import ModelRecord
 from dp_beam.transforms.continual import _StepOf, seconds
-from dp_beam.transforms.events import _MAX_SECONDS, _MIN_SECONDS, INVALID, NAMESPACE, as_real
+from dp_beam.transforms.events import INVALID, NAMESPACE, ValidatingDoFn, as_real
 from dp_beam.transforms.release import ReleaseSpec, release_in_order
 
 NEIGHBOURS = "replace one event (the event count per stream is public: blocks are count-triggered)"
 
 
 @beam.typehints.with_output_types(Tuple[Any, Any])
-class _PreparePoints(beam.DoFn):
+class _PreparePoints(ValidatingDoFn):
     """Extracts ``(key, (ts, features, label))``; clips features; routes bad elements to ``invalid``.
 
     Features must be a sequence of ``n_features`` finite reals and the label
@@ -51,48 +50,22 @@ class _PreparePoints(beam.DoFn):
 
     def __init__(self, transform, features_fn, label_fn, n_features, classes, feature_bound,
                  key_fn=None, timestamp_fn=None):
-        self._transform = transform
+        super().__init__(transform, key_fn, timestamp_fn)
         self._features_fn, self._label_fn = features_fn, label_fn
         self._d = n_features
         self._classes = tuple(classes)
         self._bound = feature_bound
-        self._key_fn, self._timestamp_fn = key_fn, timestamp_fn
         self._clipped = Metrics.counter(NAMESPACE, f"{transform}.clipped")
-        self._invalid = Metrics.counter(NAMESPACE, f"{transform}.invalid")
-
-    def _reject(self, element, reason):
-        self._invalid.inc()
-        return pvalue.TaggedOutput(INVALID, InvalidElement(self._transform, reason, element))
-
-    @staticmethod
-    def _call(name, fn, element):
-        try:
-            return fn(element), None
-        except Exception as e:  # a user function failing on one element must not kill the job
-            return None, f"{name} raised {type(e).__name__}: {e}"
 
     def process(self, element, timestamp=beam.DoFn.TimestampParam):
-        if self._timestamp_fn is not None:
-            ts, err = self._call("timestamp_fn", self._timestamp_fn, element)
-            if err:
-                yield self._reject(element, err)
-                return
-            ts, err = as_real(ts)
-            if err:
-                yield self._reject(element, f"event time {err}")
-                return
-        else:
-            ts = timestamp.micros / 1e6
-        if not _MIN_SECONDS < ts < _MAX_SECONDS:
-            yield self._reject(element, "event time missing or out of range "
-                                        "(give elements timestamps or pass timestamp_fn)")
+        ts, err = self._event_time(element, timestamp)
+        if err:
+            yield self._reject(element, err)
             return
-        key = None
-        if self._key_fn is not None:
-            key, err = self._call("key_fn", self._key_fn, element)
-            if err or key is None:
-                yield self._reject(element, err or "key_fn returned None")
-                return
+        key, err = self._key(element)
+        if err:
+            yield self._reject(element, err)
+            return
         raw, err = self._call("features_fn", self._features_fn, element)
         if err:
             yield self._reject(element, err)

@@ -38,8 +38,60 @@ def as_real(value):
     return v, None
 
 
+class ValidatingDoFn(beam.DoFn):
+    """Shared input validation of the transforms' first stage.
+
+    Subclasses call :meth:`_event_time` and :meth:`_key` and send failures to
+    ``invalid`` with :meth:`_reject`; user functions run through
+    :meth:`_call`, so an exception in one of them rejects the element instead
+    of failing the job. Counts rejections in the ``<transform>.invalid`` metric.
+    """
+
+    def __init__(self, transform, key_fn=None, timestamp_fn=None):
+        self._transform = transform
+        self._key_fn = key_fn
+        self._timestamp_fn = timestamp_fn
+        self._invalid = Metrics.counter(NAMESPACE, f"{transform}.invalid")
+
+    def _reject(self, element, reason):
+        self._invalid.inc()
+        return pvalue.TaggedOutput(INVALID, InvalidElement(self._transform, reason, element))
+
+    @staticmethod
+    def _call(name, fn, element):
+        try:
+            return fn(element), None
+        except Exception as e:  # a user function failing on one element must not kill the job
+            return None, f"{name} raised {type(e).__name__}: {e}"
+
+    def _event_time(self, element, timestamp):
+        """``(seconds, None)``, or ``(None, reason)`` when the event time is unusable."""
+        if self._timestamp_fn is not None:
+            ts, err = self._call("timestamp_fn", self._timestamp_fn, element)
+            if err:
+                return None, err
+            ts, err = as_real(ts)
+            if err:
+                return None, f"event time {err}"
+        else:
+            ts = timestamp.micros / 1e6
+        if not _MIN_SECONDS < ts < _MAX_SECONDS:
+            return None, ("event time missing or out of range "
+                          "(give elements timestamps or pass timestamp_fn)")
+        return ts, None
+
+    def _key(self, element):
+        """``(key, None)`` (``None`` without ``key_fn``), or ``(None, reason)``."""
+        if self._key_fn is None:
+            return None, None
+        key, err = self._call("key_fn", self._key_fn, element)
+        if err or key is None:
+            return None, err or "key_fn returned None"
+        return key, None
+
+
 @beam.typehints.with_output_types(Tuple[Any, Any])
-class PrepareEvents(beam.DoFn):
+class PrepareEvents(ValidatingDoFn):
     """Extracts (key, user, value) and the event time; routes bad elements to ``invalid``.
 
     Outputs ``(key, value)``, or ``(user, (key, value))`` when ``user_fn`` is
@@ -52,49 +104,22 @@ class PrepareEvents(beam.DoFn):
 
     def __init__(self, transform, value_fn=None, lower=None, upper=None, key_fn=None,
                  user_fn=None, timestamp_fn=None):
-        self._transform = transform
+        super().__init__(transform, key_fn, timestamp_fn)
         self._value_fn = value_fn
         self._lower = lower
         self._upper = upper
-        self._key_fn = key_fn
         self._user_fn = user_fn
-        self._timestamp_fn = timestamp_fn
         self._clamped = Metrics.counter(NAMESPACE, f"{transform}.clamped")
-        self._invalid = Metrics.counter(NAMESPACE, f"{transform}.invalid")
-
-    def _reject(self, element, reason):
-        self._invalid.inc()
-        return pvalue.TaggedOutput(INVALID, InvalidElement(self._transform, reason, element))
-
-    def _call(self, name, fn, element):
-        try:
-            return fn(element), None
-        except Exception as e:  # a user function failing on one element must not kill the job
-            return None, f"{name} raised {type(e).__name__}: {e}"
 
     def process(self, element, timestamp=beam.DoFn.TimestampParam):
-        if self._timestamp_fn is not None:
-            ts, err = self._call("timestamp_fn", self._timestamp_fn, element)
-            if err:
-                yield self._reject(element, err)
-                return
-            ts, err = as_real(ts)
-            if err:
-                yield self._reject(element, f"event time {err}")
-                return
-        else:
-            ts = timestamp.micros / 1e6
-        if not _MIN_SECONDS < ts < _MAX_SECONDS:
-            yield self._reject(element, "event time missing or out of range "
-                                        "(give elements timestamps or pass timestamp_fn)")
+        ts, err = self._event_time(element, timestamp)
+        if err:
+            yield self._reject(element, err)
             return
-
-        key = None
-        if self._key_fn is not None:
-            key, err = self._call("key_fn", self._key_fn, element)
-            if err or key is None:
-                yield self._reject(element, err or "key_fn returned None")
-                return
+        key, err = self._key(element)
+        if err:
+            yield self._reject(element, err)
+            return
         user = None
         if self._user_fn is not None:
             user, err = self._call("user_fn", self._user_fn, element)
