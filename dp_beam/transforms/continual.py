@@ -55,6 +55,32 @@ def _callable(name, fn, required=False):
     return fn
 
 
+def set_release_options(transform, step, allowed_lateness, late, max_idle_steps, rng):
+    """Validates the ordered-release options every continual transform takes.
+
+    Sets ``_step`` (seconds), ``_step_micros``, ``_allowed_lateness``,
+    ``_late``, ``_max_idle`` and ``_seed`` on ``transform``; raises
+    ``ValueError`` naming the parameter.
+    """
+    transform._step = seconds("step", step)
+    transform._step_micros = int(round(transform._step * 1e6))
+    if transform._step_micros < 1:
+        raise ValueError(f"step must be at least one microsecond, got {step!r}")
+    transform._allowed_lateness = seconds("allowed_lateness", allowed_lateness, allow_zero=True)
+    if late not in ("defer", "drop"):
+        raise ValueError(f"late must be 'defer' or 'drop', got {late!r}")
+    transform._late = late
+    if (isinstance(max_idle_steps, bool) or not isinstance(max_idle_steps, int)
+            or max_idle_steps < 1):
+        raise ValueError(f"max_idle_steps must be an integer >= 1, got {max_idle_steps!r}")
+    transform._max_idle = max_idle_steps
+    if rng is not None and not isinstance(rng, NoiseSource) and (
+            isinstance(rng, bool) or not isinstance(rng, int)):
+        raise ValueError("rng must be None (secure noise), or for tests an int seed or a "
+                         f"dp_beam.mechanisms NoiseSource, got {rng!r}")
+    transform._seed = rng
+
+
 class _SumCount(beam.CombineFn):
     """(sum of values, number of events) of one step."""
 
@@ -137,10 +163,7 @@ class _ContinualTotal(beam.PTransform):
                  hot_key_fanout=None, max_idle_steps=1024, monotone=False, rng=None,
                  label=None):
         super().__init__(label)
-        self._step = seconds("step", step)
-        self._step_micros = int(round(self._step * 1e6))
-        if self._step_micros < 1:
-            raise ValueError(f"step must be at least one microsecond, got {step!r}")
+        set_release_options(self, step, allowed_lateness, late, max_idle_steps, rng)
         self._value_fn = _callable("value_fn", value_fn)
         self._lower, self._upper = lower, upper
         self._key_fn = _callable("key_fn", key_fn)
@@ -164,24 +187,11 @@ class _ContinualTotal(beam.PTransform):
             mechanism = default_mechanism(noise, horizon)
         mechanism_cls = get_mechanism(mechanism)  # raises ValueError naming `mechanism`
         self._mechanism = mechanism
-        self._allowed_lateness = seconds("allowed_lateness", allowed_lateness, allow_zero=True)
-        if late not in ("defer", "drop"):
-            raise ValueError(f"late must be 'defer' or 'drop', got {late!r}")
-        self._late = late
         if hot_key_fanout is not None and (
                 isinstance(hot_key_fanout, bool) or not isinstance(hot_key_fanout, int)
                 or hot_key_fanout < 1):
             raise ValueError(f"hot_key_fanout must be an integer >= 1, got {hot_key_fanout!r}")
         self._fanout = hot_key_fanout
-        if rng is not None and not isinstance(rng, NoiseSource) and (
-                isinstance(rng, bool) or not isinstance(rng, int)):
-            raise ValueError("rng must be None (secure noise), or for tests an int seed or a "
-                             f"dp_beam.mechanisms NoiseSource, got {rng!r}")
-        self._seed = rng
-        if (isinstance(max_idle_steps, bool) or not isinstance(max_idle_steps, int)
-                or max_idle_steps < 1):
-            raise ValueError(f"max_idle_steps must be an integer >= 1, got {max_idle_steps!r}")
-        self._max_idle = max_idle_steps
         if not isinstance(monotone, bool):
             raise ValueError(f"monotone must be True or False, got {monotone!r}")
         if monotone and lower is not None and lower < 0:

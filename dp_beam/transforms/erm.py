@@ -27,11 +27,11 @@ from apache_beam.metrics import Metrics
 from apache_beam.transforms.window import FixedWindows, GlobalWindows
 from apache_beam.utils.timestamp import Duration
 
-from dp_beam.mechanisms import NoiseSource, ZeroNoise
+from dp_beam.mechanisms import ZeroNoise
 from dp_beam.mechanisms import erm as erm_mech
 from dp_beam.records import LedgerEntry
 from dp_beam.records_erm import ModelRecord
-from dp_beam.transforms.continual import _StepOf, seconds
+from dp_beam.transforms.continual import _StepOf, set_release_options
 from dp_beam.transforms.events import INVALID, NAMESPACE, ValidatingDoFn, as_real
 from dp_beam.transforms.release import ReleaseSpec, release_in_order
 
@@ -196,23 +196,7 @@ class _ERMTransform(beam.PTransform):
                 raise ValueError(f"{name} must be callable, got {fn!r}")
         self._features_fn, self._label_fn = features_fn, label_fn
         self._key_fn, self._timestamp_fn = key_fn, timestamp_fn
-        self._step = seconds("step", step)
-        self._step_micros = int(round(self._step * 1e6))
-        if self._step_micros < 1:
-            raise ValueError(f"step must be at least one microsecond, got {step!r}")
-        self._allowed_lateness = seconds("allowed_lateness", allowed_lateness, allow_zero=True)
-        if late not in ("defer", "drop"):
-            raise ValueError(f"late must be 'defer' or 'drop', got {late!r}")
-        self._late = late
-        if (isinstance(max_idle_steps, bool) or not isinstance(max_idle_steps, int)
-                or max_idle_steps < 1):
-            raise ValueError(f"max_idle_steps must be an integer >= 1, got {max_idle_steps!r}")
-        self._max_idle = max_idle_steps
-        if rng is not None and not isinstance(rng, NoiseSource) and (
-                isinstance(rng, bool) or not isinstance(rng, int)):
-            raise ValueError("rng must be None (secure noise), or for tests an int seed or a "
-                             f"dp_beam.mechanisms NoiseSource, got {rng!r}")
-        self._seed = rng
+        set_release_options(self, step, allowed_lateness, late, max_idle_steps, rng)
         if isinstance(classes, (str, bytes)):
             raise ValueError(f"classes must be a sequence of labels, got {classes!r}")
         self._args = dict(epsilon=epsilon, block_size=block_size, n_features=n_features,

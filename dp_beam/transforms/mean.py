@@ -35,13 +35,12 @@ from apache_beam.transforms.userstate import ReadModifyWriteStateSpec
 from apache_beam.transforms.window import FixedWindows, GlobalWindows
 from apache_beam.utils.timestamp import Duration
 
-from dp_beam.mechanisms import NoiseSource
 from dp_beam.mechanisms.continual_mean import (ContinualMeanCore, MeanAggregate, MeanParams,
                                                UserState, contribution, user_hash)
 from dp_beam.records import InvalidElement, LedgerEntry
 from dp_beam.mechanisms.registry import default_mechanism
 from dp_beam.records_mean import MeanRelease
-from dp_beam.transforms.continual import _StepOf, seconds
+from dp_beam.transforms.continual import _StepOf, set_release_options
 from dp_beam.transforms.events import INVALID, NAMESPACE, PrepareEvents
 from dp_beam.transforms.release import ReleaseSpec, release_in_order
 
@@ -220,10 +219,7 @@ class ContinualMean(beam.PTransform):
         if not lower < upper:
             raise ValueError(f"lower must be < upper, got lower={lower!r}, upper={upper!r}")
         self._lower, self._upper = float(lower), float(upper)
-        self._step = seconds("step", step)
-        self._step_micros = int(round(self._step * 1e6))
-        if self._step_micros < 1:
-            raise ValueError(f"step must be at least one microsecond, got {step!r}")
+        set_release_options(self, step, allowed_lateness, late, max_idle_steps, rng)
         if horizon is not None and (isinstance(horizon, bool) or not isinstance(horizon, int)
                                     or horizon < 1):
             raise ValueError(f"horizon must be an int >= 1 or None, got {horizon!r}")
@@ -233,19 +229,6 @@ class ContinualMean(beam.PTransform):
         self._params = MeanParams(max_users, max_samples_per_user, epsilon, beta,
                                   neighbours=neighbours, noise=noise, delta=delta,
                                   median_budget=median_budget, mechanism=mechanism)
-        self._allowed_lateness = seconds("allowed_lateness", allowed_lateness, allow_zero=True)
-        if late not in ("defer", "drop"):
-            raise ValueError(f"late must be 'defer' or 'drop', got {late!r}")
-        self._late = late
-        if (isinstance(max_idle_steps, bool) or not isinstance(max_idle_steps, int)
-                or max_idle_steps < 1):
-            raise ValueError(f"max_idle_steps must be an integer >= 1, got {max_idle_steps!r}")
-        self._max_idle = max_idle_steps
-        if rng is not None and not isinstance(rng, NoiseSource) and (
-                isinstance(rng, bool) or not isinstance(rng, int)):
-            raise ValueError("rng must be None (secure noise), or for tests an int seed or a "
-                             f"dp_beam.mechanisms NoiseSource, got {rng!r}")
-        self._seed = rng
 
     @property
     def params(self):
