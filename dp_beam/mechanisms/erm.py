@@ -47,6 +47,8 @@ __all__ = [
     "solve_erm",
     "OutputPerturbation",
     "ModelRelease",
+    "BlockLog",
+    "MemoryBlockLog",
     "MultiResolutionERM",
     "ContinualERM",
     "SlidingWindowERM",
@@ -519,6 +521,75 @@ def predict(release, X):
     return [release.classes[i] for i in idx]
 
 
+# -- the block log ------------------------------------------------------------------------
+
+
+class BlockLog:
+    """Where an ERM stream keeps its complete blocks of raw points (spec §3, per-key state).
+
+    Spec §3, notes of the per-key state table: Alg. 4 and Alg. 2 need the
+    history, "store it in a durable per-key log, not in memory". The stream
+    splits its state in two: the *small state* of :meth:`_ERMStream.to_state`
+    (the partial block, the O(log t) models, counters) that an engine rewrites
+    at every firing, and this log of full blocks, which only grows by appends
+    and is read back only by the trainings that use old blocks.
+
+    The stream talks to it through three calls:
+
+    * :meth:`append` — block ``index`` (1-based count) is complete;
+    * :meth:`read` — the blocks of the block interval ``(lo, hi]``, in order,
+      when a model trains on them (the newest block is read back too, so a log
+      may answer from what it has not yet written);
+    * :meth:`release_before` — blocks below ``keep`` are never read again
+      (the stream's retention bound); a log may drop them at once or later.
+
+    A block is ``(X, y)``: clipped features ``(block_size, d)`` and class
+    indices ``(block_size,)``. Engines provide their own implementation (the
+    Beam transforms: a ``BagState``, see ``dp_beam.transforms.release.BagLog``;
+    any object with these three methods will do); :class:`MemoryBlockLog` is
+    the default.
+    """
+
+    def append(self, index, block):
+        raise NotImplementedError
+
+    def read(self, lo, hi):
+        raise NotImplementedError
+
+    def release_before(self, keep):
+        raise NotImplementedError
+
+
+class MemoryBlockLog(BlockLog):
+    """The default, in-memory :class:`BlockLog`: drops released blocks at once.
+
+    Its blocks are part of the stream's :meth:`~_ERMStream.to_state` (that is
+    the engine-free behaviour: one self-contained state).
+
+    >>> import numpy as np
+    >>> log = MemoryBlockLog()
+    >>> for i in (1, 2, 3):
+    ...     log.append(i, (np.full((2, 1), float(i)), np.zeros(2, dtype=np.int64)))
+    >>> [float(X[0, 0]) for X, _ in log.read(1, 3)]
+    [2.0, 3.0]
+    >>> log.release_before(3); sorted(log.blocks)
+    [3]
+    """
+
+    def __init__(self, blocks=None):
+        self.blocks = dict(blocks or {})
+
+    def append(self, index, block):
+        self.blocks[index] = block
+
+    def read(self, lo, hi):
+        return [self.blocks[b] for b in range(lo + 1, hi + 1)]
+
+    def release_before(self, keep):
+        for b in [b for b in self.blocks if b < keep]:
+            del self.blocks[b]
+
+
 # -- streams -----------------------------------------------------------------------------
 
 
@@ -529,7 +600,9 @@ class _ERMStream:
     STATE_VERSION = 1
 
     def __init__(self, *, epsilon, block_size, n_features, classes, feature_bound, lam,
-                 fit_intercept, noise, delta, rng, tol_fraction):
+                 fit_intercept, noise, delta, rng, tol_fraction, log=None):
+        if log is not None and not all(callable(getattr(log, m, None)) for m in ("append", "read", "release_before")):
+            raise ValueError(f"log must be a BlockLog (append, read, release_before) or None, got {log!r}")
         self.block_size = _int("block_size", block_size, 1)
         self.loss = LogisticLoss(n_features, classes, feature_bound, fit_intercept)
         self.epsilon = _real("epsilon", epsilon, positive=True)
@@ -540,7 +613,9 @@ class _ERMStream:
         self.delta = None if noise != "gaussian" else float(delta)
         self.tol_fraction = float(tol_fraction)
         self._source = make_noise(rng)
-        self._blocks = {}          # block index (1-based count) -> (X clipped, class indices)
+        # Complete blocks: index (1-based count) -> (X clipped, class indices).
+        self._log = MemoryBlockLog() if log is None else log
+        self._keep = 1             # first block a future training may read
         self._buffer_X, self._buffer_y = [], []
         self._count = 0            # complete blocks consumed
         self._trained = []         # models trained by the last block, in training order
@@ -623,18 +698,26 @@ class _ERMStream:
     def _consume(self, X, yi):
         self._count += 1
         self._trained = []
-        self._blocks[self._count] = (X, yi)
+        self._log.append(self._count, (X, yi))
         releases = self._schedule(self._count)
-        keep = self._retain_from(self._count)
-        for b in [b for b in self._blocks if b < keep]:
-            del self._blocks[b]
+        self._keep = max(self._keep, self._retain_from(self._count))
+        self._log.release_before(self._keep)
         return releases
 
+    @property
+    def log(self):
+        """The :class:`BlockLog` holding the complete blocks."""
+        return self._log
+
+    @property
+    def retained_blocks(self):
+        """``(first, last)``: the blocks a future training may read (empty if first > last)."""
+        return self._keep, self._count
+
     def _data(self, lo, hi):
-        """Points of blocks lo+1..hi (block interval (lo, hi])."""
-        Xs = [self._blocks[b][0] for b in range(lo + 1, hi + 1)]
-        ys = [self._blocks[b][1] for b in range(lo + 1, hi + 1)]
-        return np.vstack(Xs), np.concatenate(ys)
+        """Points of blocks lo+1..hi (block interval (lo, hi]), read from the log."""
+        blocks = self._log.read(lo, hi)
+        return np.vstack([X for X, _ in blocks]), np.concatenate([y for _, y in blocks])
 
     def _release(self, op, kind, level, blocks, ref, fraction, depends_on, window):
         """Train on block interval ``blocks`` regularised toward release ``ref``; wrap the result."""
@@ -659,41 +742,74 @@ class _ERMStream:
     # -- state ------------------------------------------------------------------------
 
     def to_state(self):
-        """Plain dict (JSON-friendly): configuration, buffer, retained blocks, models.
+        """Plain dict (JSON-friendly): configuration, buffer, models, counters — and the blocks
+        if the stream keeps them in memory.
 
-        The noise source is not included; :meth:`from_state` takes its own.
-        The state holds raw (clipped) points and must be stored like the data.
+        With the default :class:`MemoryBlockLog` the state is self-contained:
+        it includes the retained blocks. With an engine's log (``log=`` at
+        construction) it is only the *small state* — the partial block
+        (< block_size points), the models (the class docstrings bound their
+        number by O(log t)) and counters — and the blocks stay in that log; the
+        state then says ``"log": "external"`` and :meth:`from_state` needs the
+        same log. The noise source is not included; :meth:`from_state` takes
+        its own. The state (like the log) holds raw clipped points and must be
+        stored like the data.
         """
-        return {
+        state = {
             "mechanism": self.name, "version": self.STATE_VERSION, "config": self._config(),
-            "count": self._count,
+            "count": self._count, "keep": self._keep,
             "buffer": {"X": [list(map(float, r)) for r in self._buffer_X], "y": list(self._buffer_y)},
-            "blocks": {str(b): {"X": X.tolist(), "y": y.tolist()} for b, (X, y) in self._blocks.items()},
             "dynamic": self._dynamic_state(),
         }
+        if isinstance(self._log, MemoryBlockLog):
+            state["blocks"] = {str(b): {"X": X.tolist(), "y": y.tolist()}
+                               for b, (X, y) in sorted(self._log.blocks.items())}
+        else:
+            state["log"] = "external"
+        return state
 
     @classmethod
-    def from_state(cls, state, rng=None):
-        """Rebuild a stream from :meth:`to_state`; ``rng`` as in the constructor."""
+    def from_state(cls, state, rng=None, log=None):
+        """Rebuild a stream from :meth:`to_state`; ``rng`` as in the constructor.
+
+        ``log``: the :class:`BlockLog` that holds the blocks of a small state
+        (``"log": "external"``); required for such a state. Given with a
+        self-contained state, the state's blocks are appended to it (moving a
+        stream's history into a durable log).
+        """
         if not isinstance(state, dict) or state.get("mechanism") != cls.name:
             raise ValueError(f"state is not a {cls.name!r} state")
         if state.get("version") != cls.STATE_VERSION:
             raise ValueError(f"unsupported state version {state.get('version')!r}")
+        external = state.get("log") == "external"
+        if external and log is None:
+            raise ValueError("log is required: this state keeps its blocks in an external log")
         try:
-            obj = cls(**state["config"], rng=rng)
+            obj = cls(**state["config"], rng=rng, log=log)
             obj._count = int(state["count"])
             obj._buffer_X = [np.asarray(r, dtype=np.float64) for r in state["buffer"]["X"]]
             obj._buffer_y = [int(v) for v in state["buffer"]["y"]]
-            obj._blocks = {int(b): (np.asarray(v["X"], dtype=np.float64).reshape(-1, obj.loss.n_features),
-                                    np.asarray(v["y"], dtype=np.int64)) for b, v in state["blocks"].items()}
+            if not external:
+                blocks = {int(b): (np.asarray(v["X"], dtype=np.float64).reshape(-1, obj.loss.n_features),
+                                   np.asarray(v["y"], dtype=np.int64)) for b, v in state["blocks"].items()}
+                for b in sorted(blocks):
+                    obj._log.append(b, blocks[b])
+            default_keep = min(blocks, default=obj._count + 1) if not external else 1
+            obj._keep = int(state.get("keep", default_keep))
+            obj._log.release_before(obj._keep)
             obj._load_dynamic(state["dynamic"])
         except KeyError as err:
             raise ValueError(f"state is missing field {err.args[0]!r}") from None
         return obj
 
     def state_size(self):
-        """``(points held, models held)``: the quantities the class docstring bounds."""
-        points = len(self._buffer_y) + sum(len(y) for _, y in self._blocks.values())
+        """``(points held, models held)``: the quantities the class docstring bounds.
+
+        Points are the partial block plus the retained blocks
+        (:attr:`retained_blocks`), wherever the log keeps them.
+        """
+        first, last = self.retained_blocks
+        points = len(self._buffer_y) + max(0, last - first + 1) * self.block_size
         return points, self._model_count()
 
 
@@ -716,20 +832,24 @@ class MultiResolutionERM(_ERMStream):
     so each record pays Σ_k ε/2^{k+1} < ε (Thm 1; with a cap,
     ε(1 − 2^{−(max_scale+1)})). :meth:`privacy_cost` reports ε.
 
-    State: the partial block (< B points); retained blocks — with ``max_scale``
-    = K only the current aligned interval of 2^K blocks (<= 2^K·B points),
-    without a cap the whole history (inherent: the scale-k model at t = 2^k·B
-    needs all of (0, t], spec §3); no models (each is released at once).
+    State (spec §3): the small state (:meth:`to_state` with an engine's log)
+    is the partial block (< B points) and counters — no models, each is
+    released at once — so O(B·d) numbers whatever t. The :class:`BlockLog`
+    retains, with ``max_scale`` = K, only the blocks of the current aligned
+    interval of 2^K blocks (< 2^K·B points; everything is released when the
+    interval completes), and without a cap the whole history (inherent: the
+    scale-k model at t = 2^k·B needs all of (0, t]). Every even block reads
+    old blocks back (the scale-1 model and up).
     """
 
     name = "erm_multires"
 
     def __init__(self, epsilon, block_size, n_features, classes, feature_bound, lam,
                  fit_intercept=True, noise="l2_laplace", delta=None, max_scale=None, rng=None,
-                 tol_fraction=0.5):
+                 tol_fraction=0.5, log=None):
         super().__init__(epsilon=epsilon, block_size=block_size, n_features=n_features, classes=classes,
                          feature_bound=feature_bound, lam=lam, fit_intercept=fit_intercept, noise=noise,
-                         delta=delta, rng=rng, tol_fraction=tol_fraction)
+                         delta=delta, rng=rng, tol_fraction=tol_fraction, log=log)
         self.max_scale = None if max_scale is None else _int("max_scale", max_scale, 0)
         self._op = self._component(1.0)
 
@@ -800,9 +920,12 @@ class ContinualERM(_ERMStream):
     Lineage: a base or doubling release depends on (0, t]; a single release on
     (0, t_c] ∪ (t − b0, t] (t_c = the last base/doubling time).
 
-    State: the partial block (< b0 points), the whole history of blocks
-    (inherent: the base at 2^k·B trains on (0, t], spec §3; keep it in durable
-    storage), and at most 2 models (f_g, f_c) plus t_g.
+    State (spec §3): the small state (:meth:`to_state` with an engine's log)
+    is the partial block (< b0 points), at most 2 models (f_g, f_c) and the
+    counters t, t_g — O(b0·d + p) numbers whatever t. The :class:`BlockLog`
+    retains the whole history of blocks (inherent: the base at 2^k·B trains on
+    (0, t]); only base and doubling releases read old blocks back (single
+    steps train on the block just completed).
 
     Example (``ZeroNoise`` switches noise off to show the schedule; it is not
     private, and production code leaves ``rng=None``). b0 = 2, B = 4 and L = 1:
@@ -828,10 +951,10 @@ class ContinualERM(_ERMStream):
     name = "erm_continual"
 
     def __init__(self, epsilon, block_size, base_size, n_features, classes, feature_bound, lam,
-                 fit_intercept=True, noise="l2_laplace", delta=None, rng=None, tol_fraction=0.5):
+                 fit_intercept=True, noise="l2_laplace", delta=None, rng=None, tol_fraction=0.5, log=None):
         super().__init__(epsilon=epsilon, block_size=block_size, n_features=n_features, classes=classes,
                          feature_bound=feature_bound, lam=lam, fit_intercept=fit_intercept, noise=noise,
-                         delta=delta, rng=rng, tol_fraction=tol_fraction)
+                         delta=delta, rng=rng, tol_fraction=tol_fraction, log=log)
         base_size = _int("base_size", base_size, 1)
         if base_size % self.block_size:
             raise ValueError(f"base_size must be a multiple of block_size={self.block_size}, got {base_size}")
@@ -961,19 +1084,23 @@ class SlidingWindowERM(_ERMStream):
     base ε/3, plus < ε/3 as a right bucket and < ε/3 as a left bucket, so the
     sequence is ε-DP (Thm 7; exact maxima e.g. 7/12·ε for W = 7).
 
-    State: the partial block (< w0 points), the W retained blocks (w points)
-    and one model per bucket (k models in exact mode; at most
-    1 + ⌈log₂P⌉ + ⌈log₂(ℓ_max+1)⌉ in general mode).
+    State (spec §3): the small state (:meth:`to_state` with an engine's log)
+    is the partial block (< w0 points) and one model per bucket (k =
+    log₂(W + 1) models in exact mode; at most 1 + ⌈log₂P⌉ + ⌈log₂(ℓ_max+1)⌉
+    in general mode) — O(w0·d + k·p) numbers whatever t. The
+    :class:`BlockLog` retains the W − 1 newest blocks, the part of the next
+    window already seen (< w points); releases at even offsets r and at
+    refreshes read them back, at odd r the release trains on the new block only.
     """
 
     name = "erm_sliding"
 
     def __init__(self, epsilon, block_size, window, n_features, classes, feature_bound, lam,
                  fit_intercept=True, noise="l2_laplace", delta=None, window_policy="exact", rng=None,
-                 tol_fraction=0.5):
+                 tol_fraction=0.5, log=None):
         super().__init__(epsilon=epsilon, block_size=block_size, n_features=n_features, classes=classes,
                          feature_bound=feature_bound, lam=lam, fit_intercept=fit_intercept, noise=noise,
-                         delta=delta, rng=rng, tol_fraction=tol_fraction)
+                         delta=delta, rng=rng, tol_fraction=tol_fraction, log=log)
         if window_policy not in WINDOW_POLICIES:
             raise ValueError(f"window_policy must be one of {WINDOW_POLICIES}, got {window_policy!r}")
         window = _int("window", window, self.block_size)
@@ -1069,7 +1196,9 @@ class SlidingWindowERM(_ERMStream):
         return [released]
 
     def _retain_from(self, c):
-        return c - self.W + 1
+        # Every bucket lies in its step's window (lineage closure, §1.7), and
+        # the next window is blocks c − W + 2 .. c + 1.
+        return c - self.W + 2
 
     def _dynamic_state(self):
         return {"models": [{"key": list(k), "release": v["release"].to_dict(),

@@ -135,6 +135,9 @@ def _listify(value):
 class ERMReleaseSpec(ReleaseSpec):
     """Feeds each step's points, in event-time order, to an engine-free ERM stream."""
 
+    #: Complete blocks go to the per-key log (spec §3), not the rewritten state.
+    uses_log = True
+
     def __init__(self, transform, step_seconds, stream_cls, stream_args, ledger_template):
         self.transform = transform
         self.step_seconds = step_seconds
@@ -152,11 +155,11 @@ class ERMReleaseSpec(ReleaseSpec):
     def events(self, aggregate):
         return len(aggregate)
 
-    def new_mechanism(self, rng):
-        return self._cls(rng=rng, **self._args)
+    def new_mechanism(self, rng, log=None):
+        return self._cls(rng=rng, log=log, **self._args)
 
-    def restore(self, state, rng):
-        return self._cls.from_state(state, rng=rng)
+    def restore(self, state, rng, log=None):
+        return self._cls.from_state(state, rng=rng, log=log)
 
     def release(self, mechanism, key, step, aggregate):
         bs = mechanism.block_size

@@ -56,6 +56,11 @@ class ReleaseSpec:
     step_seconds: float = 1.0
     #: Number of steps a stream may release, or None for unbounded.
     horizon: Optional[int] = None
+    #: True: the mechanism keeps data it may need again in an append-only per-key
+    #: log (a :class:`BagLog` over a ``BagState``) instead of its own state, and
+    #: :meth:`new_mechanism` / :meth:`restore` take it as ``log=``. The DoFn then
+    #: rewrites only the mechanism's small state at each firing.
+    uses_log: bool = False
 
     def zero(self):
         return (0.0, 0)
@@ -67,9 +72,11 @@ class ReleaseSpec:
         return int(aggregate[1])
 
     def new_mechanism(self, rng):
+        """A new mechanism (with ``uses_log``, called with ``log=`` as well)."""
         raise NotImplementedError
 
     def restore(self, state, rng):
+        """The mechanism of ``state`` (with ``uses_log``, called with ``log=`` as well)."""
         raise NotImplementedError
 
     def release(self, mechanism, key, step: int, aggregate) -> Iterable[Any]:
@@ -88,6 +95,141 @@ def _stable_hash(key) -> int:
     # Python's hash() is salted per process: a test seed must give every key
     # the same noise on every worker and every run.
     return int.from_bytes(hashlib.sha256(pickle.dumps(key, protocol=4)).digest()[:8], "big")
+
+
+class BagLog:
+    """A per-key append-only log in a Beam ``BagState``, read lazily (spec of seed 004, §3).
+
+    For a spec with ``uses_log``: the mechanism appends entries ``(index,
+    payload)`` with consecutive int indices, reads back ranges of them, and
+    says below which index it will never read again
+    (``dp_beam.mechanisms.erm.BlockLog`` is the protocol). What the mechanism
+    needs is then never rewritten at each firing:
+
+    * appends are buffered and added to the bag once, at :meth:`flush` (the
+      end of the firing); a read of an entry appended in the same firing is
+      answered from that buffer;
+    * the bag is read only when a read asks for an older entry (or to
+      compact), at most once per firing;
+    * released entries stay in the bag until they are at least as many as the
+      live ones; then the bag is cleared and the live entries are added again
+      (all entries released: cleared without reading). So the bag holds fewer
+      than twice the live entries plus one firing's appends, and a compaction
+      rewrites the live entries once per at least as many released ones:
+      amortised O(1) state I/O per appended entry.
+
+    Bookkeeping (entries stored, the oldest stored index, the release bound)
+    lives in the small ``meta`` cell, so nothing else is read to decide.
+
+    ``bag`` and ``meta`` are Beam state objects or anything with the same
+    ``read``/``add``/``clear`` and ``read``/``write`` methods:
+
+    >>> class Cell:
+    ...     def __init__(self): self.v = None
+    ...     def read(self): return self.v
+    ...     def write(self, v): self.v = v
+    >>> class Bag(list):
+    ...     def read(self): return list(self)
+    ...     def add(self, v): self.append(v)
+    >>> bag, meta = Bag(), Cell()
+    >>> log = BagLog(bag, meta)
+    >>> for i in (1, 2, 3): log.append(i, f"block {i}")
+    >>> log.read(1, 3), len(bag)            # the new entries, before they are written
+    (['block 2', 'block 3'], 0)
+    >>> log.release_before(2); log.flush(); [i for i, _ in bag]
+    [2, 3]
+    >>> log = BagLog(bag, meta)             # next firing
+    >>> log.append(4, "block 4"); log.release_before(4); log.flush(); [i for i, _ in bag]
+    [4]
+    """
+
+    def __init__(self, bag, meta, reads=None, compactions=None):
+        self._bag = bag
+        self._meta = meta
+        stored = meta.read()
+        # (entries in the bag, index of the oldest one, release bound)
+        self._stored, self._first, self._keep = stored if stored is not None else (0, None, None)
+        self._read_meta = stored
+        self._loaded = None
+        self._pending = {}
+        self._reads, self._compactions = reads, compactions
+        self.bag_reads = 0
+
+    def append(self, index, payload):
+        self._pending[index] = payload
+
+    def release_before(self, keep):
+        self._keep = keep if self._keep is None else max(self._keep, keep)
+
+    def _load(self):
+        if self._loaded is None:
+            self._loaded = {i: payload for i, payload in self._bag.read()}
+            self.bag_reads += 1
+            if self._reads is not None:
+                self._reads.inc(len(self._loaded))
+        return self._loaded
+
+    def read(self, lo, hi):
+        """Payloads of entries lo+1..hi, in order (the bag is read only for older entries)."""
+        out = []
+        for i in range(lo + 1, hi + 1):
+            if i in self._pending:
+                out.append(self._pending[i])
+                continue
+            stored = self._load()
+            if i not in stored:
+                raise KeyError(f"log entry {i} was released or never appended")
+            out.append(stored[i])
+        return out
+
+    @property
+    def stored(self):
+        """Entries in the bag (after :meth:`flush`)."""
+        return self._stored
+
+    def flush(self):
+        """Writes this firing's appends (and compacts); call once, at the end of the firing."""
+        keep = self._keep if self._keep is not None else 1
+        indices = sorted(self._pending)
+        if self._stored:
+            last = self._first + self._stored - 1
+        else:
+            last = None
+        if indices:
+            last = indices[-1]
+        if last is None:
+            self._write_meta()
+            return
+        total = self._stored + len(indices)
+        live = max(0, last - keep + 1)
+        released = total - live
+        if live == 0:
+            if self._stored:
+                self._bag.clear()
+            self._stored, self._first = 0, None
+        elif released and released >= live:
+            entries = dict(self._load()) if self._stored else {}
+            entries.update(self._pending)
+            self._bag.clear()
+            for i in range(keep, last + 1):
+                self._bag.add((i, entries[i]))
+            self._stored, self._first = live, keep
+            if self._compactions is not None:
+                self._compactions.inc()
+        else:
+            for i in indices:
+                if i >= keep:
+                    self._bag.add((i, self._pending[i]))
+                    if self._first is None or not self._stored:
+                        self._first = i
+                    self._stored += 1
+        self._pending = {}
+        self._write_meta()
+
+    def _write_meta(self):
+        meta = (self._stored, self._first, self._keep)
+        if meta != self._read_meta:
+            self._meta.write(meta)
 
 
 @beam.typehints.with_output_types(Any)
@@ -171,6 +313,11 @@ class OrderedReleaseDoFn(beam.DoFn):
                 first_state=beam.DoFn.StateParam(FIRST),
                 last_state=beam.DoFn.StateParam(LAST),
                 timer=beam.DoFn.TimerParam(TIMER), last_step=None):
+        yield from self._process(element, buffer, next_state, earliest_state, first_state, last_state,
+                                 timer, last_step)
+
+    def _process(self, element, buffer, next_state, earliest_state, first_state, last_state, timer,
+                 last_step):
         key, (step, aggregate) = element
         spec = self._spec
         nxt = next_state.read()
@@ -226,14 +373,20 @@ class OrderedReleaseDoFn(beam.DoFn):
                    last_state=beam.DoFn.StateParam(LAST),
                    idle_state=beam.DoFn.StateParam(IDLE),
                    timer=beam.DoFn.TimerParam(TIMER)):
+        yield from self._fire(key, fire, buffer, mech_state, next_state, earliest_state, first_state,
+                              last_state, idle_state, timer)
+
+    def _fire(self, key, fire, buffer, mech_state, next_state, earliest_state, first_state, last_state,
+              idle_state, timer, log=None):
         spec = self._spec
+        with_log = {} if log is None else {"log": log}
         nxt = next_state.read()
         if nxt is None:
             nxt = earliest_state.read()
             first = nxt
             first_state.write(first)
             earliest_state.clear()
-            mechanism = spec.new_mechanism(self._rng(key, first))
+            mechanism = spec.new_mechanism(self._rng(key, first), **with_log)
             for entry in spec.ledger(key):
                 yield pvalue.TaggedOutput(ACCOUNTING, beam.window.TimestampedValue(
                     entry, self._end_micros(first)))
@@ -258,7 +411,7 @@ class OrderedReleaseDoFn(beam.DoFn):
             if mechanism is None or self._per_step_seed():
                 # A test seed gives each step its own generator, so restore per step.
                 state = mech_state.read() if mechanism is None else mechanism.to_state()
-                mechanism = spec.restore(state, self._rng(key, step))
+                mechanism = spec.restore(state, self._rng(key, step), **with_log)
             aggregate = pending.pop(step, None)
             if aggregate is None:
                 self._empty.inc()
@@ -274,6 +427,8 @@ class OrderedReleaseDoFn(beam.DoFn):
                 yield beam.window.TimestampedValue(record, self._end_micros(step))
         if mechanism is not None:
             mech_state.write(mechanism.to_state())
+        if log is not None:
+            log.flush()
         next_state.write(max(nxt, until + 1))
         idle_state.write(idle)
 
@@ -288,6 +443,62 @@ class OrderedReleaseDoFn(beam.DoFn):
             timer.set(self._end_micros(max(nxt, until + 1)))
 
 
+@beam.typehints.with_output_types(Any)
+class LoggedReleaseDoFn(OrderedReleaseDoFn):
+    """:class:`OrderedReleaseDoFn` plus a per-key append-only log, for specs with ``uses_log``.
+
+    The mechanism's ``to_state()`` (its small state) is rewritten at every
+    firing as in the base class; what it keeps for later trainings goes to a
+    :class:`BagLog` over the ``log`` BagState, appended once and read back only
+    in the firings that need it. A separate class so that specs without a log
+    run the base DoFn with exactly its state cells.
+    """
+
+    # Beam attaches a timer's callback to its spec: this class needs its own.
+    TIMER = TimerSpec("release", TimeDomain.WATERMARK)
+    BUFFER = OrderedReleaseDoFn.BUFFER
+    MECHANISM = OrderedReleaseDoFn.MECHANISM
+    NEXT = OrderedReleaseDoFn.NEXT
+    EARLIEST = OrderedReleaseDoFn.EARLIEST
+    FIRST = OrderedReleaseDoFn.FIRST
+    LAST = OrderedReleaseDoFn.LAST
+    IDLE = OrderedReleaseDoFn.IDLE
+    LOG = BagStateSpec("log", PickleCoder())
+    LOG_META = ReadModifyWriteStateSpec("log_meta", PickleCoder())
+
+    def __init__(self, spec: ReleaseSpec, bounded: bool, late: str = "defer",
+                 seed=None, max_idle_steps: int = 1024):
+        super().__init__(spec, bounded, late, seed, max_idle_steps)
+        self._log_reads = Metrics.counter(NAMESPACE, f"{spec.transform}.log_entries_read")
+        self._log_compactions = Metrics.counter(NAMESPACE, f"{spec.transform}.log_compactions")
+
+    def process(self, element,
+                buffer=beam.DoFn.StateParam(BUFFER),
+                next_state=beam.DoFn.StateParam(NEXT),
+                earliest_state=beam.DoFn.StateParam(EARLIEST),
+                first_state=beam.DoFn.StateParam(FIRST),
+                last_state=beam.DoFn.StateParam(LAST),
+                timer=beam.DoFn.TimerParam(TIMER), last_step=None):
+        yield from self._process(element, buffer, next_state, earliest_state, first_state, last_state,
+                                 timer, last_step)
+
+    @on_timer(TIMER)
+    def on_release(self, key=beam.DoFn.KeyParam, fire=beam.DoFn.TimestampParam,
+                   buffer=beam.DoFn.StateParam(BUFFER),
+                   mech_state=beam.DoFn.StateParam(MECHANISM),
+                   next_state=beam.DoFn.StateParam(NEXT),
+                   earliest_state=beam.DoFn.StateParam(EARLIEST),
+                   first_state=beam.DoFn.StateParam(FIRST),
+                   last_state=beam.DoFn.StateParam(LAST),
+                   idle_state=beam.DoFn.StateParam(IDLE),
+                   timer=beam.DoFn.TimerParam(TIMER),
+                   log_bag=beam.DoFn.StateParam(LOG),
+                   log_meta=beam.DoFn.StateParam(LOG_META)):
+        log = BagLog(log_bag, log_meta, self._log_reads, self._log_compactions)
+        yield from self._fire(key, fire, buffer, mech_state, next_state, earliest_state, first_state,
+                              last_state, idle_state, timer, log=log)
+
+
 def release_in_order(aggregates, spec, entry, invalids, *, bounded, late, seed, max_idle_steps):
     """Applies the ordered release to per-step aggregates; the common tail of every transform.
 
@@ -298,8 +509,8 @@ def release_in_order(aggregates, spec, entry, invalids, *, bounded, late, seed, 
     flattened with the release's own, and ``entry`` attached to the
     accounting output as the transform's plan.
     """
-    release_fn = OrderedReleaseDoFn(spec, bounded=bounded, late=late, seed=seed,
-                                    max_idle_steps=max_idle_steps)
+    dofn = LoggedReleaseDoFn if spec.uses_log else OrderedReleaseDoFn
+    release_fn = dofn(spec, bounded=bounded, late=late, seed=seed, max_idle_steps=max_idle_steps)
     side = {}
     if bounded:
         last_step = (aggregates
