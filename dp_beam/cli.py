@@ -237,11 +237,38 @@ def load_outputs(out_dir):
                if r.get("record") == "AccountingReport"]
     streams = defaultdict(dict)
     for r in releases:
-        if r.get("record", "Release") != "Release":
+        if r.get("record", "Release") not in SERIES_RECORDS:
             continue
-        streams[(r.get("transform", ""), json.dumps(r.get("key")))][r["step"]] = r
+        transform, key = r.get("transform", ""), json.dumps(r.get("key"))
+        if isinstance(r.get("value"), list):
+            # A vector mean is plotted as one series per coordinate.
+            for j, part in enumerate(_coordinates(r)):
+                streams[(f"{transform}[{j}]", key)][r["step"]] = part
+        else:
+            streams[(transform, key)][r["step"]] = r
     streams = {k: [v[s] for s in sorted(v)] for k, v in sorted(streams.items())}
     return streams, ledger, reports
+
+
+# Records that carry a running value with its noise (``value``, ``ci95``); model
+# records (``ModelRecord``) carry weights and are listed, not plotted.
+SERIES_RECORDS = ("Release", "MeanRelease")
+
+
+def _coordinates(record):
+    values, cis = record["value"], record.get("ci95")
+    cis = cis if isinstance(cis, list) else [cis] * len(values)
+    return [dict(record, value=v, ci95=c) for v, c in zip(values, cis)]
+
+
+def other_records(out_dir) -> dict:
+    """``{record type: count}`` of the releases the report does not plot (e.g. models)."""
+    counts = defaultdict(int)
+    for r in _read_jsonl(_join(out_dir, "releases*.jsonl")):
+        kind = r.get("record", "Release")
+        if kind not in SERIES_RECORDS:
+            counts[kind] += 1
+    return dict(counts)
 
 
 def count_like_transforms(ledger) -> set:
@@ -254,6 +281,8 @@ def count_like_transforms(ledger) -> set:
     """
     out = set()
     for e in ledger:
+        if str(e.get("mechanism", "")).startswith("withhold_release_mean"):
+            continue  # a mean, whatever its sensitivity
         per_event = e.get("sensitivity", 0.0) / (e.get("max_contributions") or 1)
         if math.isclose(per_event, 1.0):
             out.add(e["transform"])
@@ -424,6 +453,11 @@ def _write(path, data: bytes):
 def cmd_report(args):
     out_dir = args.out_dir.rstrip("/") if "://" in args.out_dir else args.out_dir
     streams, ledger, reports = load_outputs(out_dir)
+    skipped = other_records(out_dir)
+    if not streams:
+        kinds = ", ".join(f"{n} {k}" for k, n in sorted(skipped.items()))
+        raise CliError(f"no plottable releases in {out_dir} (found {kinds}); "
+                       "model records are read with dp_beam.records_erm")
     if args.counts is not None:
         counts = {c.strip() for c in args.counts.split(",") if c.strip()}
         unknown = counts - {t for t, _ in streams}
@@ -441,6 +475,8 @@ def cmd_report(args):
     if len(streams) > args.max_streams:
         _LOG.warning("plotted %d of %d streams (--max-streams); the HTML table lists all",
                      args.max_streams, len(streams))
+    for kind, n in sorted(skipped.items()):
+        _LOG.warning("not plotted: %d %s records (no scalar running value)", n, kind)
     print(f"report: {html_path}\nplot: {png_path}")
     return 0
 

@@ -99,3 +99,57 @@ def test_consistent_series_are_the_isotonic_fit_of_counts_only(run_dir):
 def test_report_rejects_an_unknown_count_label(run_dir, capsys):
     assert cli.main(["report", str(run_dir), "--consistent", "--counts", "nope"]) == 1
     assert "--counts names no released transform: nope" in capsys.readouterr().err
+
+
+def _write_jsonl(path, records):
+    import json
+
+    from dp_beam.records import to_json
+
+    path.write_text("".join(json.dumps(to_json(r)) + "\n" for r in records))
+
+
+def _mean_release(step, value, ci95):
+    from dp_beam.records_mean import MeanRelease
+
+    return MeanRelease(key=None, step=step, window_start=86400.0 * step,
+                       window_end=86400.0 * (step + 1), value=value,
+                       noise_std=[c / 1.96 for c in ci95] if isinstance(ci95, list) else ci95 / 1.96,
+                       ci95=ci95, mechanism="withhold_release_mean+tree", transform="mean delay",
+                       t=step + 1, diverse=True, denominator=10.0, neighbours="participation")
+
+
+def test_report_plots_a_vector_mean_one_series_per_coordinate(tmp_path):
+    _write_jsonl(tmp_path / "releases.jsonl",
+                 [_mean_release(s, [1.0 + s, 2.0 - s], [0.5, 0.25]) for s in range(3)])
+    streams, _, _ = cli.load_outputs(str(tmp_path))
+    assert sorted(streams) == [("mean delay[0]", "null"), ("mean delay[1]", "null")]
+    assert [r["value"] for r in streams[("mean delay[1]", "null")]] == [2.0, 1.0, 0.0]
+    assert {r["ci95"] for r in streams[("mean delay[1]", "null")]} == {0.25}
+    assert cli.main(["report", str(tmp_path)]) == 0
+    assert (tmp_path / "report.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_a_mean_is_never_taken_for_a_count(tmp_path):
+    from dp_beam.records import LedgerEntry
+
+    _write_jsonl(tmp_path / "releases.jsonl", [_mean_release(s, 1.0, 0.5) for s in range(2)])
+    # A mean whose level-tree sensitivity happens to be 1 per user.
+    _write_jsonl(tmp_path / "ledger.jsonl", [LedgerEntry(
+        transform="mean delay", unit="user", neighbours="participation", epsilon=1.0, delta=0.0,
+        rho=0.5, mechanism="withhold_release_mean+tree", scope="stream", sensitivity=1.0)])
+    _, ledger, _ = cli.load_outputs(str(tmp_path))
+    assert cli.count_like_transforms(ledger) == set()
+
+
+def test_report_names_model_records_it_cannot_plot(tmp_path, capsys):
+    from dp_beam.records_erm import ModelRecord
+
+    fields = {name: None for name in ModelRecord._fields}
+    fields.update(key=None, step=0, window_start=0.0, window_end=1.0, t=8, kind="base", level=0,
+                  weights=[0.1, 0.2], intercept=0.0, classes=(0, 1), trained_on=(0, 8),
+                  blocks=(1,))
+    _write_jsonl(tmp_path / "releases.jsonl", [ModelRecord(**fields)])
+    assert cli.main(["report", str(tmp_path)]) == 1
+    assert "no plottable releases" in capsys.readouterr().err
+    assert cli.other_records(str(tmp_path)) == {"ModelRecord": 1}
