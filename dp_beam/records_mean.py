@@ -19,6 +19,15 @@ class MeanRelease(NamedTuple):
     ``"participation"``, whose denominator is noisy too). ``denominator`` is
     N_t, the samples the estimate represents (noisy under participation);
     ``active_levels`` the levels ℓ whose tree B_ℓ is in the estimate.
+    For d-dimensional values (spec §3.3) ``value``, ``noise_std`` and ``ci95``
+    are lists of d floats, one per coordinate. ``key`` is the stream's key
+    (``None`` without ``key_fn``).
+
+    >>> from dp_beam.records import to_json
+    >>> r = MeanRelease("JFK", 3, 259200.0, 345600.0, [12.5, 0.4], [1.5, 0.02], [2.9, 0.04],
+    ...                 "withhold_release_mean+tree", "delay", 4, True, 1200.0, (0, 1, 2))
+    >>> to_json(r)["value"], to_json(r)["active_levels"]
+    ([12.5, 0.4], [0, 1, 2])
     """
     key: Any
     step: int

@@ -1,15 +1,16 @@
 """``ContinualMean``: a user-level mean released every step (seed 003, Algorithm 6).
 
 Shape (DESIGN.md "time model"), spec withhold_release_and_composition.md §2.5,
-§2.9: validate and clamp every event in parallel (``PrepareEvents``) → per-user
-withhold-release state keyed by user (O(1) Beam state per user, the cap m, and
-the projection of every released element for every candidate prior) → per-step
-``CombinePerKey`` of fixed-size aggregates in event-time fixed windows → one
-ordered release DoFn per stream running the core of Algorithm 6 (the L+1 trees,
-the medians, the count tree under participation, and the estimate).
+§2.9: validate and clamp every event in parallel → per-user withhold-release
+state keyed by user (O(k·d) Beam state per user: one schedule per key the user
+may touch, the cap m, and the projection of every released element for every
+candidate prior) → per-step ``CombinePerKey`` of fixed-size aggregates in
+event-time fixed windows → one ordered release DoFn per stream running the
+core of Algorithm 6 (the L+1 trees, the medians, the count tree under
+participation, and the estimate).
 
 All DP math lives in :mod:`dp_beam.mechanisms.continual_mean`; this module
-only moves data.
+only moves data and splits the budget over keys.
 
 Neighbour relation (``neighbours=``)
     ``"values"`` is the paper's model: a user's *values* are protected while
@@ -21,9 +22,41 @@ Neighbour relation (``neighbours=``)
     centred before they enter a tree. Use ``"values"`` only when the set of
     active users and their activity over time may be published; otherwise the
     default is the one that holds.
+
+Keys (``key_fn=``, spec §4 R2/R3)
+    One mean stream per key. Parallel composition over keys would need every
+    user's samples to fall under a single key; a user who may appear under
+    several keys (an aircraft flying for two carriers) touches several streams,
+    which compose sequentially for that user. So each user keeps at most
+    ``max_keys_per_user`` = k keys (default 1): the first keys of theirs the
+    per-user stage sees, in processing order; events under further keys go to
+    ``.invalid`` ("max_keys_per_user exceeded"). In a streaming run that is
+    arrival order; in batch the order in which one user's events are processed
+    is arbitrary, so *which* keys are kept may differ between runs, but the
+    privacy argument holds for any choice: the choice for a user is made from
+    that user's own events only, and afterwards the user touches at most k
+    streams with at most m samples in each. Each stream is calibrated at ε/k
+    (Laplace; with Gaussian noise at ρ/k, ρ = ρ(ε, δ)), so a user's total over
+    the k streams it may touch is the transform's ε. Every key's ledger entry
+    states that total (k times the stream's own cost), which makes the
+    parallel composition of ``CombineAccounting`` (the maximum over a
+    transform's keys) report the right per-user charge. Under ``"values"`` the
+    key of an event is part of the public arrival pattern, like its time.
+
+Vector values (spec §3.3)
+    ``value_fn`` may return a sequence of d reals; ``lower``/``upper`` are
+    scalars (the same bounds for every coordinate) or sequences of length d.
+    ``dim`` is taken from sequence bounds or given explicitly (scalar bounds
+    and no ``dim`` mean d = 1). Coordinates are clamped separately; a value of
+    the wrong length or with a non-finite coordinate goes to ``.invalid``. The
+    d coordinates share the budget: every tree's sensitivity is d times a
+    coordinate's (L1) and each median runs per coordinate at ε_M/d, so the
+    whole vector costs ε per stream, as the ledger states.
 """
 
 import datetime
+import math
+import numbers
 from typing import Any, Tuple
 
 import apache_beam as beam
@@ -35,59 +68,232 @@ from apache_beam.transforms.userstate import ReadModifyWriteStateSpec
 from apache_beam.transforms.window import FixedWindows, GlobalWindows
 from apache_beam.utils.timestamp import Duration
 
+from dp_beam.mechanisms.calibration import eps_from_rho_delta
 from dp_beam.mechanisms.continual_mean import (ContinualMeanCore, MeanAggregate, MeanParams,
                                                UserState, contribution, user_hash)
-from dp_beam.records import InvalidElement, LedgerEntry
 from dp_beam.mechanisms.registry import default_mechanism
+from dp_beam.records import InvalidElement, LedgerEntry
 from dp_beam.records_mean import MeanRelease
 from dp_beam.transforms.continual import _StepOf, set_release_options
-from dp_beam.transforms.events import INVALID, NAMESPACE, PrepareEvents
+from dp_beam.transforms.events import INVALID, NAMESPACE, ValidatingDoFn, as_real
 from dp_beam.transforms.release import ReleaseSpec, release_in_order
 
 MECHANISM = "withhold_release_mean"
+
+
+def _bound_values(name, value):
+    """A bound as a tuple of floats (one per coordinate) and whether it was a sequence."""
+    if isinstance(value, np.ndarray):
+        if value.ndim > 1:
+            raise ValueError(f"{name} must be a number or a flat sequence of numbers, got {value!r}")
+        value = value.tolist()
+    if isinstance(value, (list, tuple)):
+        if not value:
+            raise ValueError(f"{name} must not be an empty sequence")
+        items, seq = list(value), True
+    else:
+        items, seq = [value], False
+    out = []
+    for v in items:
+        if isinstance(v, bool) or not isinstance(v, numbers.Real) or not math.isfinite(v):
+            raise ValueError(f"{name} must be finite numbers, got {value!r}")
+        out.append(float(v))
+    return tuple(out), seq
+
+
+def resolve_bounds(lower, upper, dim=None):
+    """``(lower, upper, dim)``: per-coordinate bounds as float arrays of length ``dim``.
+
+    Scalar bounds apply to every coordinate; sequence bounds fix ``dim``
+    (``dim=None``) or must have length ``dim``. Raises ``ValueError`` naming
+    the parameter.
+
+    >>> lo, hi, d = resolve_bounds(0, [1.0, 2.0])
+    >>> lo.tolist(), hi.tolist(), d
+    ([0.0, 0.0], [1.0, 2.0], 2)
+    """
+    lo, lo_seq = _bound_values("lower", lower)
+    hi, hi_seq = _bound_values("upper", upper)
+    if dim is not None and (isinstance(dim, bool) or not isinstance(dim, numbers.Integral)
+                            or dim < 1):
+        raise ValueError(f"dim must be an int >= 1 or None, got {dim!r}")
+    lengths = {n for n, seq in ((len(lo), lo_seq), (len(hi), hi_seq)) if seq}
+    if len(lengths) > 1:
+        raise ValueError(f"lower and upper must have the same length, got lower={lower!r}, "
+                         f"upper={upper!r}")
+    inferred = lengths.pop() if lengths else None
+    if dim is None:
+        dim = inferred or 1
+    elif inferred is not None and inferred != dim:
+        which = "lower" if lo_seq and len(lo) != dim else "upper"
+        raise ValueError(f"{which} has {inferred} coordinates but dim={dim}")
+    dim = int(dim)
+    lo_a = np.broadcast_to(np.asarray(lo), (dim,)).astype(np.float64)
+    hi_a = np.broadcast_to(np.asarray(hi), (dim,)).astype(np.float64)
+    if np.any(lo_a >= hi_a):
+        raise ValueError(f"lower must be < upper (in every coordinate), got lower={lower!r}, "
+                         f"upper={upper!r}")
+    return lo_a, hi_a, dim
+
+
+@beam.typehints.with_output_types(Tuple[Any, Any])
+class _PrepareMeanEvents(ValidatingDoFn):
+    """Event time, key, user and value of each event → ``(user, (key, value))`` at its event time.
+
+    ``value`` is clamped to the bounds (a float for d = 1, a tuple of d floats
+    otherwise; clamping counted in the ``clamped`` metric). Failing user
+    functions, ``None`` users or keys, non-real or non-finite coordinates,
+    values of the wrong length and event times outside Beam's range go to
+    ``invalid`` with the reason.
+    """
+
+    def __init__(self, transform, value_fn, user_fn, key_fn, timestamp_fn, lower, upper):
+        super().__init__(transform, key_fn, timestamp_fn)
+        self._value_fn = value_fn
+        self._user_fn = user_fn
+        self._lo = [float(v) for v in lower]
+        self._hi = [float(v) for v in upper]
+        self._dim = len(self._lo)
+        self._clamped = Metrics.counter(NAMESPACE, f"{transform}.clamped")
+
+    def _value(self, raw):
+        """The clamped value, or ``(None, reason)``."""
+        d = self._dim
+        if isinstance(raw, np.ndarray):
+            raw = raw.tolist() if raw.ndim == 1 else raw
+        if isinstance(raw, (list, tuple)):
+            items = raw
+        elif d == 1:
+            items = (raw,)
+        else:
+            return None, (f"not a sequence of {d} real numbers: {type(raw).__name__}")
+        if len(items) != d:
+            return None, f"value has {len(items)} coordinates, expected {d}"
+        out = []
+        clamped = False
+        for j, (item, lo, hi) in enumerate(zip(items, self._lo, self._hi)):
+            v, err = as_real(item)
+            if err:
+                return None, err if d == 1 else f"coordinate {j}: {err}"
+            if v < lo or v > hi:
+                clamped = True
+                v = min(max(v, lo), hi)
+            out.append(v)
+        if clamped:
+            self._clamped.inc()
+        return (out[0] if d == 1 else tuple(out)), None
+
+    def process(self, element, timestamp=beam.DoFn.TimestampParam):
+        ts, err = self._event_time(element, timestamp)
+        if err:
+            yield self._reject(element, err)
+            return
+        key, err = self._key(element)
+        if err:
+            yield self._reject(element, err)
+            return
+        user, err = self._call("user_fn", self._user_fn, element)
+        if err or user is None:
+            yield self._reject(element, err or "user_fn returned None")
+            return
+        raw, err = self._call("value_fn", self._value_fn, element)
+        if err:
+            yield self._reject(element, err)
+            return
+        value, err = self._value(raw)
+        if err:
+            yield self._reject(element, err)
+            return
+        yield beam.window.TimestampedValue((user, (key, value)), ts)
 
 
 @beam.typehints.with_output_types(Tuple[Any, Any])
 class _WithholdRelease(beam.DoFn):
     """Per-user schedule (§2.5): ``(user, (key, value))`` → ``(key, MeanAggregate)``.
 
-    State per user: count, segment sum, first step, hash, latest event time.
-    Samples beyond ``max_samples_per_user`` go to ``invalid``. The aggregate is
-    emitted at the latest event time the user has shown, so a released element
-    never lands in a step before one of its own samples (batch input reaches a
-    user in arbitrary order).
+    State per user, one cell: for each of the at most ``max_keys`` keys the
+    user keeps, the schedule's count, segment sum (d numbers), first step and
+    hash, and the latest event time. A key beyond the first ``max_keys`` of
+    the user, or a sample beyond ``max_samples_per_user`` in a key, goes to
+    ``invalid``. The aggregate is emitted at the latest event time the user has
+    shown in that key, so a released element never lands in a step before one
+    of its own samples (batch input reaches a user in arbitrary order).
     """
 
     STATE = ReadModifyWriteStateSpec("user", PickleCoder())
 
-    def __init__(self, transform, params, lower, upper, step_seconds):
+    def __init__(self, transform, params, lower, upper, step_seconds, max_keys):
         self._transform = transform
         self._params = params
-        self._lower, self._upper = lower, upper
+        self._lower = np.asarray(lower, dtype=np.float64)
+        self._range = np.asarray(upper, dtype=np.float64) - self._lower
         self._step = step_seconds
+        self._max_keys = max_keys
         self._over = Metrics.counter(NAMESPACE, f"{transform}.over_contribution")
+        self._over_keys = Metrics.counter(NAMESPACE, f"{transform}.over_keys")
+
+    def setup(self):
+        # Scalars skip NumPy broadcasting on the per-event path.
+        self._lo0, self._r0 = float(self._lower[0]), float(self._range[0])
+        self._scalar = self._params.dim == 1
+
+    def _reject(self, counter, reason, user, key, value):
+        counter.inc()
+        return pvalue.TaggedOutput(INVALID, InvalidElement(
+            self._transform, reason,
+            {"user": user, "key": key, "value": list(value) if isinstance(value, tuple) else value}))
 
     def process(self, element, timestamp=beam.DoFn.TimestampParam,
                 state=beam.DoFn.StateParam(STATE)):
         user, (key, value) = element
-        stored = state.read()
+        streams = state.read()
+        if streams is None:
+            streams = {}
+        p = self._params
+        stored = streams.get(key)
         if stored is None:
+            if len(streams) >= self._max_keys:
+                yield self._reject(self._over_keys,
+                                   f"max_keys_per_user ({self._max_keys}) exceeded for user",
+                                   user, key, value)
+                return
             ustate, latest = UserState(uhash=user_hash(user)), None
         else:
             ustate, latest = UserState.from_tuple(stored[0]), stored[1]
-        p = self._params
         if ustate.count >= p.m:
-            self._over.inc()
-            yield pvalue.TaggedOutput(INVALID, InvalidElement(
-                self._transform, f"max_samples_per_user ({p.m}) exceeded for user",
-                {"user": user, "key": key, "value": value}))
+            yield self._reject(self._over, f"max_samples_per_user ({p.m}) exceeded for user",
+                               user, key, value)
             return
         ts = timestamp.micros / 1e6
         latest = ts if latest is None else max(latest, ts)
-        x = np.array([(value - self._lower) / (self._upper - self._lower)])
+        if self._scalar:
+            x = np.array([(value - self._lo0) / self._r0])
+        else:
+            x = (np.asarray(value, dtype=np.float64) - self._lower) / self._range
         agg = contribution(p, ustate, x, step=int(latest // self._step))
-        state.write((ustate.to_tuple(), latest))
+        streams[key] = (ustate.to_tuple(), latest)
+        state.write(streams)
         yield beam.window.TimestampedValue((key, agg), latest)
+
+
+def _merge_into(acc, agg):
+    """Adds ``agg`` into the accumulator ``acc`` in place; ``agg`` is left unchanged.
+
+    ``MeanAggregate.merge`` builds a new aggregate and copies the sample list
+    each time, which made a step's combine quadratic in its events. Arrays of
+    ``agg`` may be stored in ``acc`` but are never modified in place (sums make
+    new arrays), so inputs stay intact.
+    """
+    acc.events += agg.events
+    for name in ("counts", "low", "proj", "a_inc"):
+        mine = getattr(acc, name)
+        for key, val in getattr(agg, name).items():
+            mine[key] = mine[key] + val if key in mine else val
+    if agg.samples:
+        acc.samples.extend(agg.samples)
+    if agg.max_count > acc.max_count:
+        acc.max_count = agg.max_count
+    return acc
 
 
 class _MergeAggregates(beam.CombineFn):
@@ -96,16 +302,23 @@ class _MergeAggregates(beam.CombineFn):
         return MeanAggregate()
 
     def add_input(self, acc, agg):
-        return acc.merge(agg)
+        return _merge_into(acc, agg)
 
     def merge_accumulators(self, accs):
         out = MeanAggregate()
         for a in accs:
-            out = out.merge(a)
+            _merge_into(out, a)
         return out
 
     def extract_output(self, acc):
         return acc
+
+
+def _plain(x):
+    """A core output (float or d-array) as a float or a list of floats (JSON-serialisable)."""
+    if isinstance(x, np.ndarray):
+        return [float(v) for v in x.ravel()]
+    return float(x)
 
 
 class MeanReleaseSpec(ReleaseSpec):
@@ -138,8 +351,8 @@ class MeanReleaseSpec(ReleaseSpec):
         out = mechanism.step(aggregate)
         yield MeanRelease(
             key=key, step=step, window_start=step * self.step_seconds,
-            window_end=(step + 1) * self.step_seconds, value=out.estimate,
-            noise_std=out.noise_std, ci95=out.ci95,
+            window_end=(step + 1) * self.step_seconds, value=_plain(out.estimate),
+            noise_std=_plain(out.noise_std), ci95=_plain(out.ci95),
             mechanism=f"{MECHANISM}+{self._params.mechanism}",
             transform=self.transform, t=out.t, diverse=out.diverse,
             denominator=float(out.denominator), active_levels=tuple(out.active),
@@ -149,29 +362,45 @@ class MeanReleaseSpec(ReleaseSpec):
         return [self._ledger._replace(key=key)]
 
 
+def _positive_real(name, value):
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(
+            value) or value <= 0:
+        raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
+    return float(value)
+
+
 class ContinualMean(beam.PTransform):
     """The mean of all users' samples, released every step, user-level private.
 
     Algorithm 6 of seed 003 (spec withhold_release_and_composition.md §2.9):
     each user's samples are released to tree B_ℓ in exponentially growing
     sums (§2.5), truncated around a private per-level median prior (§2.8), and
-    the estimate is ``Σ_ℓ B_ℓ / N_t`` in the units of ``[lower, upper]``.
+    the estimate is ``Σ_ℓ B_ℓ / N_t`` in the units of ``[lower, upper]``
+    (§3.1); d-dimensional values per §3.3.
 
     Privacy: ε-DP for each user (``noise="laplace"``), or ρ-zCDP with
     ρ = ρ(ε, δ) and hence (ε, δ)-DP (``noise="gaussian"``), over the whole
-    output sequence, under the neighbour relation ``neighbours`` (see the
-    module docstring): ``"participation"`` (default) or ``"values"``. The ledger
-    entry on ``.accounting`` states the cost and the relation.
+    output sequence of all keys, under the neighbour relation ``neighbours``
+    (see the module docstring): ``"participation"`` (default) or
+    ``"values"``. Each key's ledger entry on ``.accounting`` states the whole
+    per-user cost and the relation.
 
     Args:
       user_fn: element → user id (the privacy unit).
-      value_fn: element → a real value; clamped to ``[lower, upper]``.
-      lower, upper: public bounds, ``lower < upper``.
-      max_samples_per_user: m; a user's later samples go to ``.invalid``.
-      epsilon: total privacy parameter (> 0).
+      value_fn: element → a real value, or a sequence of d reals; clamped to
+        ``[lower, upper]`` per coordinate.
+      lower, upper: public bounds: numbers (every coordinate) or sequences of
+        length d; ``lower < upper``.
+      max_samples_per_user: m, per key; a user's later samples go to ``.invalid``.
+      epsilon: total privacy parameter per user over all keys (> 0).
       step: step length (seconds or ``timedelta``), epoch-aligned.
-      max_users: n, the upper bound on users used by the truncation widths
-        (§2.9 eq. (9)); it affects accuracy only, never privacy.
+      key_fn: optional element → key; one mean stream per key.
+      max_keys_per_user: k, the keys a user may contribute to (first seen in
+        processing order); events under further keys go to ``.invalid``. Each
+        key's stream runs at ε/k (needs ``key_fn`` when > 1).
+      dim: d; ``None`` takes it from sequence bounds (else 1).
+      max_users: n, the upper bound on users per stream used by the truncation
+        widths (§2.9 eq. (9)); it affects accuracy only, never privacy.
       beta: failure probability of the accuracy guarantee (§6 A6).
       noise, delta: ``"laplace"`` or ``"gaussian"`` (needs ``delta``).
       horizon: steps per stream or ``None`` (unbounded trees, §1.6 U2).
@@ -199,9 +428,32 @@ class ContinualMean(beam.PTransform):
     0 2.0 True
     1 2.0 True
     2 2.0 True
+
+    Two keys and 2-dimensional values (each key's stream at ε/2; the ledger
+    entry of each key states the user's whole ε):
+
+    >>> events = [{"ts": float(t), "user": f"u{t % 6}", "grp": "ab"[t % 2],
+    ...            "xy": [t % 3, 1.0]} for t in range(20)]
+    >>> mean = dpb.ContinualMean(user_fn=lambda e: e["user"], value_fn=lambda e: e["xy"],
+    ...                          lower=0, upper=[2, 4], max_samples_per_user=4, epsilon=1.0,
+    ...                          step=10, key_fn=lambda e: e["grp"], max_keys_per_user=2,
+    ...                          timestamp_fn=lambda e: e["ts"], neighbours="values",
+    ...                          rng=ZeroNoise())
+    >>> with beam.Pipeline(options=PipelineOptions(flags=[], runner="FnApiRunner")) as p:
+    ...     out = p | beam.Create(events) | mean
+    ...     ledger = out.accounting | beam.Map(lambda e: ("ledger", e.key, e.scope, e.epsilon))
+    ...     last = (out.releases | "last" >> beam.Filter(lambda r: r.step == 1)
+    ...             | "values" >> beam.Map(lambda r: ("value", r.key, [round(v, 3) for v in r.value])))
+    ...     _ = ((ledger, last) | beam.Flatten() | beam.combiners.ToList()
+    ...          | beam.FlatMap(sorted) | beam.Map(print))
+    ('ledger', 'a', 'key', 0.75)
+    ('ledger', 'b', 'key', 0.75)
+    ('value', 'a', [1.0, 1.0])
+    ('value', 'b', [1.0, 1.0])
     """
 
     def __init__(self, user_fn, value_fn, lower, upper, max_samples_per_user, epsilon, step, *,
+                 key_fn=None, max_keys_per_user=1, dim=None,
                  max_users=1_000_000, beta=0.1, neighbours="participation", noise="laplace",
                  delta=None, median_budget="per_L", horizon=None, timestamp_fn=None,
                  allowed_lateness=datetime.timedelta(days=1), late="defer", max_idle_steps=1024,
@@ -210,15 +462,19 @@ class ContinualMean(beam.PTransform):
         for name, fn in (("user_fn", user_fn), ("value_fn", value_fn)):
             if not callable(fn):
                 raise ValueError(f"{name} must be callable, got {fn!r}")
-        if timestamp_fn is not None and not callable(timestamp_fn):
-            raise ValueError(f"timestamp_fn must be callable, got {timestamp_fn!r}")
+        for name, fn in (("timestamp_fn", timestamp_fn), ("key_fn", key_fn)):
+            if fn is not None and not callable(fn):
+                raise ValueError(f"{name} must be callable, got {fn!r}")
         self._user_fn, self._value_fn, self._timestamp_fn = user_fn, value_fn, timestamp_fn
-        for name, v in (("lower", lower), ("upper", upper)):
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not np.isfinite(v):
-                raise ValueError(f"{name} must be a finite number, got {v!r}")
-        if not lower < upper:
-            raise ValueError(f"lower must be < upper, got lower={lower!r}, upper={upper!r}")
-        self._lower, self._upper = float(lower), float(upper)
+        self._key_fn = key_fn
+        self._lower, self._upper, self._dim = resolve_bounds(lower, upper, dim)
+        if (isinstance(max_keys_per_user, bool) or not isinstance(max_keys_per_user, int)
+                or max_keys_per_user < 1):
+            raise ValueError(f"max_keys_per_user must be an int >= 1, got {max_keys_per_user!r}")
+        if key_fn is None and max_keys_per_user != 1:
+            raise ValueError("max_keys_per_user > 1 needs key_fn (without keys there is one "
+                             f"stream), got max_keys_per_user={max_keys_per_user!r}")
+        self._max_keys = max_keys_per_user
         set_release_options(self, step, allowed_lateness, late, max_idle_steps, rng)
         if horizon is not None and (isinstance(horizon, bool) or not isinstance(horizon, int)
                                     or horizon < 1):
@@ -226,36 +482,70 @@ class ContinualMean(beam.PTransform):
         self._horizon = horizon
         if mechanism is None:
             mechanism = default_mechanism(noise, horizon)
-        self._params = MeanParams(max_users, max_samples_per_user, epsilon, beta,
-                                  neighbours=neighbours, noise=noise, delta=delta,
-                                  median_budget=median_budget, mechanism=mechanism)
+        epsilon = _positive_real("epsilon", epsilon)
+        kw = dict(dim=self._dim, neighbours=neighbours, noise=noise, delta=delta,
+                  median_budget=median_budget, mechanism=mechanism)
+        # The whole budget first: it validates every parameter with its name.
+        whole = MeanParams(max_users, max_samples_per_user, epsilon, beta, **kw)
+        k = self._max_keys
+        if k == 1:
+            self._params = whole
+        elif whole.noise == "laplace":
+            self._params = MeanParams(max_users, max_samples_per_user, epsilon / k, beta, **kw)
+        else:
+            # zCDP adds up over the k streams: each gets ρ/k of the whole ρ(ε, δ).
+            eps_k = eps_from_rho_delta(whole.rho_total / k, whole.delta)
+            self._params = MeanParams(max_users, max_samples_per_user, eps_k, beta, **kw)
 
     @property
     def params(self):
+        """The :class:`MeanParams` of each key's stream (ε/k of the whole when k > 1)."""
         return self._params
 
-    def plan_entry(self, label) -> LedgerEntry:
+    @property
+    def dim(self):
+        return self._dim
+
+    def cost(self):
+        """The per-user cost over all keys: k times one stream's (``{"epsilon", "delta", "rho"}``)."""
+        p, k = self._params, self._max_keys
+        stream = p.privacy_cost()
+        if p.noise == "laplace":
+            return {"epsilon": k * stream["epsilon"], "delta": 0.0, "rho": k * stream["rho"]}
+        rho = k * stream["rho"]
+        return {"epsilon": eps_from_rho_delta(rho, p.delta) if k > 1 else stream["epsilon"],
+                "delta": p.delta, "rho": rho}
+
+    def _neighbours(self):
         p = self._params
-        cost = p.privacy_cost()
+        if self._key_fn is None:
+            return p.neighbours
+        return (f"{p.neighbours}; a user's samples in at most {self._max_keys} key(s), "
+                f"each key's stream at 1/{self._max_keys} of the budget")
+
+    def plan_entry(self, label) -> LedgerEntry:
+        """The ledger entry every stream (key) of this transform charges: the whole per-user cost."""
+        p = self._params
+        cost = self.cost()
         return LedgerEntry(
-            transform=label, unit="user", neighbours=p.neighbours,
+            transform=label, unit="user", neighbours=self._neighbours(),
             epsilon=float(cost["epsilon"]), delta=float(cost["delta"] or 0.0),
-            rho=float(cost["rho"]), mechanism=f"{MECHANISM}+{p.mechanism}", scope="stream",
-            key=None,
+            rho=float(cost["rho"]), mechanism=f"{MECHANISM}+{p.mechanism}",
+            scope="key" if self._key_fn is not None else "stream", key=None,
             sensitivity=float(p.tree_sensitivity(p.L)), noise=p.noise,
             calibration="zcdp" if p.noise == "gaussian" else "")
 
     def expand(self, events):
         label = self.label
-        prepared = events | "Validate" >> beam.ParDo(PrepareEvents(
-            label, self._value_fn, self._lower, self._upper, None, self._user_fn,
-            self._timestamp_fn)).with_outputs(INVALID, main="valid")
+        prepared = events | "Validate" >> beam.ParDo(_PrepareMeanEvents(
+            label, self._value_fn, self._user_fn, self._key_fn, self._timestamp_fn,
+            self._lower, self._upper)).with_outputs(INVALID, main="valid")
         invalids = [prepared[INVALID]]
         per_user = (prepared.valid
                     | "UserWindow" >> beam.WindowInto(GlobalWindows())
                     | "WithholdRelease" >> beam.ParDo(_WithholdRelease(
-                        label, self._params, self._lower, self._upper, self._step)
-                    ).with_outputs(INVALID, main="aggregates"))
+                        label, self._params, self._lower, self._upper, self._step,
+                        self._max_keys)).with_outputs(INVALID, main="aggregates"))
         invalids.append(per_user[INVALID])
         aggregates = (per_user.aggregates
                       | "StepWindows" >> beam.WindowInto(

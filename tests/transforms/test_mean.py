@@ -1,5 +1,6 @@
 """Batch (FnApiRunner) and streaming (TestStream) tests of ContinualMean."""
 
+import json
 import random
 
 import apache_beam as beam
@@ -163,3 +164,227 @@ def test_every_laplace_mechanism_gives_the_exact_mean_with_noise_off(mechanism):
     for r in releases:
         if r.diverse and r.denominator > 0:
             assert 0.0 <= r.value <= 4.0 and r.ci95 > 0
+
+
+# -- keys (key_fn, max_keys_per_user) -------------------------------------------------------
+
+KEYS = ("A", "B", "C")
+PER_KEY = 4  # samples of a user in each of its keys: a power of 2, so all are represented at the end
+
+
+def _keyed_events(seed=3):
+    """Users with samples in 1, 2 or 3 keys; sample j of a (user, key) falls in step j."""
+    rnd = random.Random(seed)
+    events = []
+    for u in range(45):
+        keys = KEYS[: 1 + u % 3]
+        for key in keys:
+            for j in range(PER_KEY):
+                events.append({"user": f"u{u}", "key": key, "ts": j * STEP + 1 + u % 5,
+                               "v": rnd.uniform(-5, 15)})
+    rnd.shuffle(events)
+    return events
+
+
+def _keyed_mean(k, **kw):
+    return _mean(key_fn=lambda e: e["key"], max_keys_per_user=k, max_samples_per_user=PER_KEY,
+                 neighbours="values", **kw)
+
+
+@pytest.mark.parametrize("k", [1, 2])
+def test_keys_route_values_cap_keys_per_user_and_account_every_event(k):
+    events = _keyed_events()
+    holder = {}
+
+    def build(p):
+        res = p | beam.Create(events) | "mean" >> _keyed_mean(k)
+        combine = dpb.CombineAccounting(dpb.Budget(epsilon=200.0))
+        report = res.accounting | combine
+        holder["planned"] = combine.planned
+        return {"releases": res.releases, "accounting": res.accounting, "invalid": res.invalid,
+                "report": report}
+    out = collect(batch_options(), build)
+
+    dropped = {}
+    for rec in out["invalid"]:
+        assert rec.reason == f"max_keys_per_user ({k}) exceeded for user"
+        dropped.setdefault(rec.element["user"], set()).add(rec.element["key"])
+    by_user = {}
+    for e in events:
+        by_user.setdefault(e["user"], set()).add(e["key"])
+    kept = {u: keys - dropped.get(u, set()) for u, keys in by_user.items()}
+    for u, keys in by_user.items():
+        # A user keeps min(#keys, k) keys and loses every event of the others.
+        assert len(kept[u]) == min(len(keys), k)
+    assert len(out["invalid"]) == PER_KEY * sum(len(keys) - len(kept[u])
+                                                for u, keys in by_user.items())
+
+    last = {}
+    for r in out["releases"]:
+        if r.key not in last or r.step > last[r.key].step:
+            last[r.key] = r
+    assert set(last) == set(KEYS)
+    used = 0
+    for key, r in last.items():
+        mine = [e["v"] for e in events if e["key"] == key and key in kept[e["user"]]]
+        # Noise off, every user's samples represented: the exact mean of the kept samples.
+        assert r.value == pytest.approx(np.mean(mine), abs=1e-9)
+        assert r.denominator == len(mine)
+        used += int(r.denominator)
+    assert used + len(out["invalid"]) == len(events)
+
+    # One ledger entry per key, each stating the user's whole cost over its k keys.
+    transform = _keyed_mean(k)
+    stream = transform.params.privacy_cost()
+    assert transform.params.epsilon == pytest.approx(200.0 / k)
+    entries = sorted(out["accounting"], key=lambda e: e.key)
+    assert [e.key for e in entries] == list(KEYS)
+    for e in entries:
+        assert e.scope == "key" and e.unit == "user"
+        assert e.epsilon == pytest.approx(k * stream["epsilon"]) and e.epsilon <= 200.0 + 1e-9
+        assert (e.epsilon, e.delta, e.rho) == (transform.plan_entry("mean").epsilon,
+                                               transform.plan_entry("mean").delta,
+                                               transform.plan_entry("mean").rho)
+    # Runtime ledger == plan: parallel composition over the keys gives the planned total.
+    (planned,) = [r for r in holder["planned"] if r.unit == "user"]
+    final = max((r for r in out["report"] if r.unit == "user"), key=lambda r: len(r.lines))
+    assert len(final.lines) == len(KEYS)
+    assert final.epsilon == pytest.approx(planned.epsilon)
+    assert final.epsilon == pytest.approx(k * stream["epsilon"])
+
+
+def test_cost_per_key_splits_the_budget_for_laplace_and_gaussian():
+    from dp_beam.mechanisms.calibration import eps_from_rho_delta, rho_from_eps_delta
+    from dp_beam.mechanisms.continual_mean import MeanParams
+
+    one = _mean(epsilon=1.0).plan_entry("m")
+    whole = MeanParams(100, M, 1.0, 0.1).privacy_cost()
+    assert (one.epsilon, one.rho, one.scope) == (pytest.approx(whole["epsilon"]),
+                                                 pytest.approx(whole["rho"]), "stream")
+    for k in (2, 3):
+        t = _mean(epsilon=1.0, key_fn=lambda e: e["key"], max_keys_per_user=k)
+        e = t.plan_entry("m")
+        # Laplace: each key's stream at ε/k; the entry states k streams' worth.
+        assert t.params.epsilon == pytest.approx(1.0 / k)
+        assert e.epsilon == pytest.approx(k * t.params.privacy_cost()["epsilon"])
+        assert e.epsilon == pytest.approx(one.epsilon) and e.scope == "key"
+        assert f"at most {k} key" in e.neighbours
+        g = _mean(epsilon=1.0, noise="gaussian", delta=1e-6, key_fn=lambda e: e["key"],
+                  max_keys_per_user=k)
+        ge = g.plan_entry("m")
+        # zCDP adds over the k streams: k·ρ_stream = ρ(ε, δ) of the whole budget's split.
+        assert ge.rho == pytest.approx(k * g.params.privacy_cost()["rho"])
+        assert ge.rho <= rho_from_eps_delta(1.0, 1e-6) * (1 + 1e-9)
+        assert ge.epsilon == pytest.approx(eps_from_rho_delta(ge.rho, 1e-6))
+        assert ge.epsilon <= 1.0 + 1e-9 and ge.delta == 1e-6
+
+
+def test_key_configuration_errors_name_the_parameter():
+    for kw, name in ((dict(max_keys_per_user=0, key_fn=lambda e: 1), "max_keys_per_user"),
+                     (dict(max_keys_per_user=True, key_fn=lambda e: 1), "max_keys_per_user"),
+                     (dict(max_keys_per_user=2), "max_keys_per_user"),
+                     (dict(key_fn="carrier"), "key_fn")):
+        with pytest.raises(ValueError, match=name):
+            _mean(**kw)
+
+
+# -- vector values --------------------------------------------------------------------------
+
+LO2, HI2 = [-5.0, 0.0], [15.0, 2.0]
+
+
+def _vector_events(users=120, seed=5):
+    rnd = random.Random(seed)
+    data = {f"u{u}": [[rnd.uniform(-5, 15), rnd.uniform(0, 2)] for _ in range(M)]
+            for u in range(users)}
+    events = [{"user": u, "ts": i * STEP + 1 + k % 7, "xy": xs[i]}
+              for k, (u, xs) in enumerate(data.items()) for i in range(M)]
+    return data, sorted(events, key=lambda e: e["ts"])
+
+
+@pytest.mark.parametrize("neighbours", ["participation", "values"])
+def test_vector_values_match_the_engine_free_mechanism_with_a_test_seed(neighbours):
+    from dp_beam.mechanisms import SeededNoise
+    from dp_beam.mechanisms.continual_mean import ContinualMean as EngineFree
+
+    test_seed = 20240611
+    data, events = _vector_events()
+    transform = _mean(value_fn=lambda e: e["xy"], lower=LO2, upper=HI2, epsilon=20.0,
+                      max_users=200, neighbours=neighbours, rng=SeededNoise(test_seed))
+    assert transform.dim == 2
+    # A batch runner keeps the order of an unshuffled Create: time order, as fed below.
+    out = _run(transform, events)
+    rel = sorted(out["releases"], key=lambda r: r.step)
+    assert out["invalid"] == [] and [r.step for r in rel] == list(range(M))
+
+    ref = EngineFree(LO2, HI2, M, 20.0, max_users=200, dim=2, neighbours=neighbours,
+                     rng=SeededNoise(test_seed))
+    assert ref.privacy_cost() == transform.params.privacy_cost()
+    for r in rel:
+        step_events = [e for e in events if int(e["ts"] // STEP) == r.step]
+        want = ref.step([(e["user"], e["xy"]) for e in step_events])
+        # Same noise draws in the same order; only the order of float sums may differ.
+        assert isinstance(r.value, list) and len(r.value) == 2
+        assert r.value == pytest.approx(list(want.estimate), rel=1e-9, abs=1e-9)
+        assert r.noise_std == pytest.approx(list(want.noise_std), rel=1e-9)
+        assert r.ci95 == pytest.approx(list(want.ci95), rel=1e-9)
+        assert r.diverse == want.diverse and r.active_levels == tuple(want.active)
+    assert rel[-1].active_levels == (0, 1, 2, 3)
+    # The match is not the trivial one of noise off: the release is noisy.
+    exact = np.mean([x for xs in data.values() for x in xs], axis=0)
+    assert abs(rel[-1].value[0] - exact[0]) > 1e-6
+    json.dumps(dpb.records.to_json(rel[-1]), allow_nan=False)  # the sinks' serialisation
+
+
+def test_vector_ledger_composes_over_coordinates():
+    from dp_beam.mechanisms.continual_mean import MeanParams
+
+    one = _mean(epsilon=1.0)
+    two = _mean(epsilon=1.0, value_fn=lambda e: e["xy"], lower=LO2, upper=HI2)
+    e1, e2 = one.plan_entry("m"), two.plan_entry("m")
+    # The whole vector costs ε: L1 tree sensitivity d times a coordinate's, medians at ε_M/d.
+    assert e2.epsilon == pytest.approx(e1.epsilon) and e2.epsilon <= 1.0
+    top = two.params.L
+    assert e2.sensitivity == pytest.approx(2 * two.params.element_bound[top])
+    # Per coordinate Δ_L grows too (medians at ε_M/d, union bounds at β/d, spec §3.3).
+    assert two.params.element_bound[top] > one.params.element_bound[top]
+    assert two.params.eps_median_coord == pytest.approx(one.params.eps_median / 2)
+    assert two.params.privacy_cost() == MeanParams(100, M, 1.0, 0.1, dim=2).privacy_cost()
+    # Scalar bounds with an explicit dim: the same bounds in every coordinate.
+    three = _mean(value_fn=lambda e: e["xy"], lower=0.0, upper=1.0, dim=3)
+    assert three.dim == 3 and three.params.dim == 3
+
+
+def test_vector_values_clamped_or_dead_lettered():
+    events = [{"user": "a", "ts": 1.0, "xy": [20.0, -1.0]},        # clamped to (15, 0)
+              {"user": "b", "ts": 2.0, "xy": np.array([5.0, 1.0])},
+              {"user": "c", "ts": 3.0, "xy": [1.0]},
+              {"user": "d", "ts": 4.0, "xy": [1.0, float("nan")]},
+              {"user": "e", "ts": 5.0, "xy": [1.0, float("inf")]},
+              {"user": "f", "ts": 6.0, "xy": 3.0},
+              {"user": "g", "ts": 7.0, "xy": [1.0, "x"]},
+              {"user": "h", "ts": 8.0, "xy": [1.0, 2.0, 3.0]}]
+    out = _run(_mean(value_fn=lambda e: e["xy"], lower=LO2, upper=HI2, neighbours="values"),
+               events)
+    reasons = sorted(i.reason for i in out["invalid"])
+    assert reasons == sorted(["value has 1 coordinates, expected 2", "coordinate 1: value is NaN",
+                              "coordinate 1: value is infinite",
+                              "not a sequence of 2 real numbers: float",
+                              "coordinate 1: not a real number: str",
+                              "value has 3 coordinates, expected 2"])
+    (r,) = out["releases"]
+    assert r.value == pytest.approx([(15.0 + 5.0) / 2, (0.0 + 1.0) / 2])
+    assert r.denominator == 2
+
+
+def test_bounds_and_dim_errors_name_the_parameter():
+    for kw, name in ((dict(lower=[0, 0], upper=[1, 1, 1]), "lower and upper"),
+                     (dict(lower=[0, 0], upper=1.0, dim=3), "lower"),
+                     (dict(lower=0.0, upper=[1, 1], dim=3), "upper"),
+                     (dict(lower=[0, 2], upper=[1, 1]), "lower must be < upper"),
+                     (dict(lower=[0, float("nan")], upper=1.0), "lower"),
+                     (dict(lower=[], upper=1.0), "lower"),
+                     (dict(lower=0.0, upper=1.0, dim=0), "dim"),
+                     (dict(lower=0.0, upper=1.0, dim=1.5), "dim")):
+        with pytest.raises(ValueError, match=name):
+            _mean(**kw)
