@@ -10,6 +10,17 @@ of each step, in event-time order, to the engine-free stream of
 ``block_size`` points and trains and releases models on its count-based
 schedule, so a step may yield no model or several.
 
+State (spec §3, per-key state table and its notes): the stream's small state
+(partial block, the O(log t) models it still regularises toward, counters) is
+the one cell rewritten at every firing; every complete block goes once to an
+append-only per-key log, a ``BagState``
+(:class:`~dp_beam.transforms.release.BagLog`), read back only in the firings
+whose models train on older blocks. Blocks that fall out of every future
+training are dropped from the log by a rewrite at most once per as many
+released blocks as it keeps (amortised O(1) per point). So a firing writes
+O(b0·d + log(t)·p) numbers plus the blocks it completes, whatever t; the
+class docstrings say what each log retains.
+
 Time in the mechanisms is the point count (§0), so block boundaries are
 count-triggered. That is private for *replace-one-event* neighbours, the
 relation of seed 004 (§0); under add/remove the release times would reveal the
@@ -282,8 +293,14 @@ class ContinualERM(_ERMTransform):
     and single-block updates in between, each regularised toward a released
     model. ε is split in halves between the base models and the updates, so
     every stream is ε-DP per event (replace-one neighbours). ``base_size`` is
-    B, a multiple of ``block_size`` = b0. The state keeps the whole history of
-    the key (inherent, §3). See :class:`dp_beam.mechanisms.erm.ContinualERM`.
+    B, a multiple of ``block_size`` = b0. See
+    :class:`dp_beam.mechanisms.erm.ContinualERM`.
+
+    State per key (§3): each firing rewrites the partial block (< b0 points),
+    at most 2 models (f_g, f_c) and counters — O(b0·d + p) numbers — and
+    appends its completed blocks to the key's log. The log keeps the whole
+    history (inherent: the base at 2^k·B trains on (0, t]) and is read back
+    only in firings with a base or doubling release.
 
     Example (a test seed; production leaves ``rng=None``):
 
@@ -322,6 +339,15 @@ class SlidingWindowERM(_ERMTransform):
     ``"round_down"`` or ``"general"`` handles other windows as the spec says.
     Each stream is ε-DP per event. See :class:`dp_beam.mechanisms.erm.SlidingWindowERM`.
 
+    State per key (§3): each firing rewrites the partial block (< w0 points)
+    and one model per bucket (log₂(W + 1) models for W = w/w0 blocks in exact
+    mode) — O(w0·d + log(W)·p) numbers — and appends its completed blocks to
+    the key's log. The log keeps the W − 1 newest blocks (the part of the next
+    window already seen; the bag itself holds fewer than 2(W − 1) blocks after
+    every firing, as released blocks are dropped by a rewrite once they are as
+    many as the kept ones) and is read back in firings that train a bucket
+    older than the new block (even offsets and refreshes).
+
     Example (a test seed; production leaves ``rng=None``):
 
     >>> import apache_beam as beam
@@ -355,8 +381,16 @@ class SlidingWindowERM(_ERMTransform):
 class MultiResolutionERM(_ERMTransform):
     __doc__ = """Models on the last 2^k·B points for every scale k with 2^k | t/B (Alg. 2; spec §1.3).
 
-    Each stream is ε-DP per event. ``max_scale`` caps k (and the retained data
-    at 2^max_scale·B points). See :class:`dp_beam.mechanisms.erm.MultiResolutionERM`.
+    Each stream is ε-DP per event. ``max_scale`` caps k. See
+    :class:`dp_beam.mechanisms.erm.MultiResolutionERM`.
+
+    State per key (§3): each firing rewrites the partial block (< B points) and
+    counters — O(B·d) numbers, no models — and appends its completed blocks to
+    the key's log. With ``max_scale`` = K the log keeps the blocks of the
+    current aligned interval of 2^K blocks (< 2^K·B points; cleared, unread,
+    when the interval completes); without a cap the whole history (the
+    scale-k model at 2^k·B trains on all of it). It is read back in firings
+    that complete an even block (scale 1 and up).
 
     Example (a test seed; production leaves ``rng=None``):
 
