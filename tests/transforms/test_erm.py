@@ -1,19 +1,24 @@
-"""Batch (FnApiRunner) tests of ContinualERM / SlidingWindowERM / MultiResolutionERM."""
+"""Tests of ContinualERM / SlidingWindowERM / MultiResolutionERM: batch (FnApiRunner), the per-key
+block log (spec private_erm_and_incremental_regression.md §3) and streaming (TestStream on
+BundleBasedDirectRunner)."""
 
+import json
 import math
 import random
 
 import apache_beam as beam
 import numpy as np
 import pytest
+from apache_beam.testing.test_stream import TestStream as _TestStream
+from apache_beam.transforms.window import TimestampedValue
 
-from dp_beam.mechanisms import ZeroNoise
+from dp_beam.mechanisms import ZeroNoise, make_noise
 from dp_beam.mechanisms import erm as mech
 from dp_beam.records import InvalidElement, LedgerEntry
 from dp_beam.records_erm import ModelRecord
-from dp_beam.transforms.release import PLAN_ATTRIBUTE
-from dp_beam.transforms.erm import ContinualERM, MultiResolutionERM, SlidingWindowERM
-from tests.beam_util import batch_options, collect
+from dp_beam.transforms.erm import ContinualERM, MultiResolutionERM, SlidingWindowERM, _listify
+from dp_beam.transforms.release import PLAN_ATTRIBUTE, BagLog, _stable_hash
+from tests.beam_util import batch_options, collect, streaming_options
 
 STEP = 10.0
 COMMON = dict(features_fn=lambda e: e["x"], label_fn=lambda e: e["y"], classes=["a", "b"], n_features=2,
@@ -175,3 +180,205 @@ def test_prediction_helper_accepts_transform_records():
     np.testing.assert_allclose(proba.sum(axis=1), 1.0)
     labels = mech.predict(last, X)
     assert np.mean([a == e["y"] for a, e in zip(labels, events)]) > 0.8
+
+
+# -- the per-key log (spec §3): engine-free checks of BagLog, then seeded and streaming runs ---------
+
+
+class _Cell:
+    def __init__(self):
+        self.value, self.writes = None, 0
+
+    def read(self):
+        return self.value
+
+    def write(self, value):
+        self.value, self.writes = value, self.writes + 1
+
+
+class _Bag:
+    """Stands for a BagState: counts what a firing reads and writes."""
+
+    def __init__(self):
+        self.items, self.adds, self.reads, self.clears = [], 0, 0, 0
+
+    def read(self):
+        self.reads += 1
+        return list(self.items)
+
+    def add(self, value):
+        self.items.append(value)
+        self.adds += 1
+
+    def clear(self):
+        self.items, self.clears = [], self.clears + 1
+
+
+def _fire_per_block(make, n_blocks, block, seed):
+    """Runs a stream as the release DoFn does: restore from the small state and
+    a BagLog at every block (one firing each), flush at the end of the firing."""
+    bag, meta = _Bag(), _Cell()
+    X, y = np.random.default_rng(seed).normal(size=(n_blocks * block, 2)), ["a", "b"] * (n_blocks * block // 2)
+    gen = np.random.default_rng(seed)
+    state, releases, per_firing = None, [], []
+    for c in range(n_blocks):
+        log = BagLog(bag, meta)
+        stream = make(gen, log) if state is None else make(gen, log, state)
+        before_adds, before_reads = bag.adds, bag.reads
+        releases += stream.step(X[block * c:block * (c + 1)], y[block * c:block * (c + 1)])
+        state = stream.to_state()
+        log.flush()
+        per_firing.append({"stored": len(bag.items), "adds": bag.adds - before_adds,
+                           "reads": bag.reads - before_reads, "retained": stream.retained_blocks})
+        assert log.stored == len(bag.items)
+        assert [i for i, _ in bag.items] == list(range(c + 2 - len(bag.items), c + 2))
+    memory = make(np.random.default_rng(seed), None)
+    expected = memory.extend(X, y)
+    assert releases == expected
+    for a, b in zip(releases, expected):
+        np.testing.assert_array_equal(a.params, b.params)
+    return per_firing
+
+
+def _maker(cls, **kwargs):
+    args = dict(epsilon=1.0, n_features=2, classes=["a", "b"], feature_bound=2.0, lam=0.5, **kwargs)
+
+    def make(rng, log, state=None):
+        if state is not None:
+            return cls.from_state(json.loads(json.dumps(state)), rng=rng, log=log)
+        return cls(rng=rng, log=log, **args)
+    return make
+
+
+def test_bag_log_sliding_window_keeps_less_than_twice_the_window_with_amortised_rewrites():
+    W, n = 7, 60
+    firings = _fire_per_block(_maker(mech.SlidingWindowERM, block_size=2, window=2 * W), n, 2, seed=1)
+    for c, f in enumerate(firings, start=1):
+        live = f["retained"][1] - f["retained"][0] + 1
+        assert live == min(c, W - 1)
+        assert live <= f["stored"] < 2 * (W - 1)
+        assert f["reads"] <= 1
+    # Each block is added once, and a rewrite of the W − 1 live blocks happens at
+    # most once per W − 1 released ones: at most 2 adds per block overall.
+    assert sum(f["adds"] for f in firings) <= 2 * n
+    assert sum(f["adds"] > 1 for f in firings) <= n // (W - 1) + 1
+    # Half of the firings (odd offsets) train on the new block only and read nothing.
+    assert 0 < sum(f["reads"] for f in firings) < n
+
+
+def test_bag_log_capped_multiresolution_never_holds_more_than_its_interval():
+    firings = _fire_per_block(_maker(mech.MultiResolutionERM, block_size=2, max_scale=2), 40, 2, seed=2)
+    for c, f in enumerate(firings, start=1):
+        assert f["stored"] == c % 4 and f["stored"] <= 3      # the aligned interval of 2^2 blocks
+        assert f["adds"] == (c % 4 != 0)                       # cleared, unread, when it completes
+        assert f["reads"] == (c % 2 == 0)                      # even blocks train on older ones
+
+
+def test_bag_log_continual_appends_each_block_once_and_reads_only_for_base_and_doubling():
+    firings = _fire_per_block(_maker(mech.ContinualERM, block_size=2, base_size=4), 40, 2, seed=3)
+    tg = None
+    for c, f in enumerate(firings, start=1):
+        assert f["stored"] == c and f["adds"] == 1
+        kind = mech.ContinualERM.schedule(c, 2, tg)
+        if kind and kind[0] == "base":
+            tg = c
+        # Single steps and the first doubling step train on the new block alone.
+        reads_old = kind is not None and (kind[0] == "base" or (kind[0] == "doubling" and kind[1] > 0))
+        assert f["reads"] == int(reads_old)
+
+
+def _seeded_reference(cls, args, events, seed, key=None):
+    """The release path before the log: one self-contained state restored at
+    every step with that step's seeded generator (as OrderedReleaseDoFn seeds)."""
+    by_step = {}
+    for e in events:
+        by_step.setdefault(int(e["ts"] // STEP), []).append(e)
+    state, out = None, []
+    for step in range(min(by_step), max(by_step) + 1):
+        rng = make_noise(np.random.default_rng([seed, _stable_hash(key), step]))
+        stream = cls(rng=rng, **args) if state is None else cls.from_state(state, rng=rng)
+        for e in sorted(by_step.get(step, []), key=lambda e: (e["ts"], tuple(e["x"]), repr(e["y"]))):
+            out.extend(stream.push(e["x"], e["y"]))
+        state = stream.to_state()
+    return out
+
+
+MECH_ARGS = dict(epsilon=1.0, n_features=2, classes=["a", "b"], feature_bound=2.0, lam=0.5)
+
+
+@pytest.mark.parametrize("transform,cls,args", [
+    (ContinualERM, mech.ContinualERM, dict(block_size=3, base_size=6)),
+    (SlidingWindowERM, mech.SlidingWindowERM, dict(block_size=2, window=14)),
+    (MultiResolutionERM, mech.MultiResolutionERM, dict(block_size=3)),
+    (MultiResolutionERM, mech.MultiResolutionERM, dict(block_size=3, max_scale=2)),
+])
+def test_seeded_transform_with_log_matches_the_self_contained_state_bit_for_bit(transform, cls, args):
+    events = _points(90)
+    out = _run(transform(rng=7, **args, **COMMON), events)
+    got = sorted(out["releases"], key=lambda r: (r.t, r.level, r.kind))
+    want = sorted(_seeded_reference(cls, {**MECH_ARGS, **args}, events, 7),
+                  key=lambda r: (r.t, r.level, r.kind))
+    assert [(r.t, r.kind, r.level) for r in got] == [(r.t, r.kind, r.level) for r in want]
+    assert len(got) >= 20
+    for a, b in zip(got, want):
+        assert a.weights == _listify(b.weights) and a.intercept == b.intercept
+
+
+def _streaming(transform, events, late_event):
+    """Events in three bursts with watermark advances; ``late_event`` arrives
+    after the watermark has passed its step."""
+    ev = lambda e: TimestampedValue(e, e["ts"])   # noqa: E731
+    first = [e for e in events if e["ts"] < 30]
+    second = [e for e in events if 30 <= e["ts"] < 50]
+    third = [e for e in events if e["ts"] >= 50]
+    random.Random(5).shuffle(first)
+    stream = (_TestStream()
+              .add_elements([ev(e) for e in first[:7]])
+              .add_elements([ev(e) for e in first[7:]])
+              .advance_watermark_to(30)
+              .add_elements([ev(late_event)] + [ev(e) for e in second])
+              .advance_watermark_to(50)
+              .add_elements([ev(e) for e in third])
+              .advance_watermark_to(third[-1]["ts"] + 2 * STEP)
+              .advance_watermark_to_infinity())
+
+    def build(p):
+        res = p | stream | "erm" >> transform
+        return {"releases": res.releases, "invalid": res.invalid}
+    return collect(streaming_options(), build)
+
+
+def _assert_same_models(streamed, batch):
+    # Every release once, in release order (t increases with one release per
+    # block for these two transforms), and the same models as the batch run.
+    ts = [r.t for r in streamed]
+    assert ts == sorted(set(ts)) and len(ts) >= 8
+    batch = sorted(batch, key=lambda r: r.t)
+    assert [(r.t, r.kind, r.step) for r in streamed] == [(r.t, r.kind, r.step) for r in batch]
+    for a, b in zip(streamed, batch):
+        assert a.weights == b.weights and a.intercept == b.intercept
+
+
+def test_streaming_continual_erm_defers_a_late_point_and_matches_the_batch_run():
+    events = sorted(_points(40), key=lambda e: e["ts"])
+    late = {"ts": 12.5, "x": [0.4, -0.2], "y": "a", "key": "k"}   # step 1, released at watermark 30
+    make = lambda: ContinualERM(block_size=3, base_size=6, rng=7, max_idle_steps=2, **COMMON)  # noqa: E731
+    out = _streaming(make(), events, late)
+    assert out["invalid"] == []
+    # "defer" counts the late point into the next unreleased step (3), ahead of
+    # that step's own points: in batch that is the same point stamped 30.0.
+    batch = _run(make(), events + [{**late, "ts": 30.0}])["releases"]
+    _assert_same_models(out["releases"], batch)
+    assert max(r.t for r in out["releases"]) == 39
+
+
+def test_streaming_sliding_window_erm_drops_a_late_point_and_matches_the_batch_run():
+    events = sorted(_points(40), key=lambda e: e["ts"])
+    late = {"ts": 12.5, "x": [0.4, -0.2], "y": "a", "key": "k"}
+    make = lambda **kw: SlidingWindowERM(block_size=2, window=6, rng=7, max_idle_steps=2, **kw, **COMMON)  # noqa: E731
+    out = _streaming(make(late="drop"), events, late)
+    (dropped,) = out["invalid"]
+    assert "late" in dropped.reason and dropped.count == 1
+    batch = _run(make(), events)["releases"]
+    _assert_same_models(out["releases"], batch)
+    assert [r.t for r in out["releases"]] == list(range(6, 41, 2))
