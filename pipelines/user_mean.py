@@ -1,0 +1,267 @@
+"""Demo job: the running mean departure delay of NYC flights, private for each aircraft, daily.
+
+Every flight of 2013 is an event stamped with its scheduled departure; the
+aircraft (``tailnum``) is the privacy unit and the departure delay in
+minutes, clamped to [-30, 120], the value. ``dp_beam.ContinualMean`` (seed
+003, Algorithm 6; spec withhold_release_and_composition.md §2.9) releases
+the mean over all flights so far at the end of every day, user-level ε-DP
+(default ε = 1) for every aircraft over the whole year, with at most 512
+flights per aircraft (the most any aircraft has is 546). The neighbour relation is the
+transform's default, ``participation``: whether and when an aircraft flies
+is protected too, not only its delays. Flights without a tail number or a
+departure delay (cancelled) go to the invalid output with their reason.
+Outputs, under ``--output``:
+
+- ``releases.jsonl``: one private release per day (``MeanRelease``: value, noise std, 95 % half-width)
+- ``ledger.jsonl``: the privacy charge of the transform
+- ``report.jsonl``: the accounting report, checked against the budget
+- ``invalid.jsonl``: flights the transform could not use, with the reason
+- ``user_mean.png``: the private running mean with its 95 % band (and the
+  non-private running mean with ``--truth``)
+
+Run ``python -m pipelines.user_mean --output out [--truth] [--days N]`` or
+``dp-beam run user_mean ...``; ``dp-beam plan user_mean`` prints the plan.
+Unrecognised flags are passed to Beam (``--runner PortableRunner ...``);
+``--output`` may be a ``gs://`` folder.
+"""
+
+import argparse
+import logging
+import os
+import time
+from collections import defaultdict
+from datetime import datetime, timedelta, timezone
+
+import apache_beam as beam
+from apache_beam.options.pipeline_options import PipelineOptions
+from apache_beam.runners.runner import PipelineState
+
+import dp_beam as dpb
+from pipelines.continual_count import (LogProgress, _join, _output_dir, departure_time,
+                                       log_metrics, read_flights, read_jsonl, summarise)
+from pipelines.flights import flights_csv_path, load_flights
+
+STEP = timedelta(days=1)
+DELAY_LOWER, DELAY_UPPER = -30, 120
+MAX_SAMPLES_PER_USER = 512
+#: Public upper bound on the aircraft in the data (4,037 fly from NYC in 2013).
+#: It only sets the truncation widths of Algorithm 6 (accuracy), never privacy.
+MAX_USERS = 10_000
+LABEL = "mean departure delay"
+
+_LOG = logging.getLogger("dp_beam.jobs.user_mean")
+
+
+def aircraft(event):
+    return event["tailnum"]
+
+
+def delay_minutes(event):
+    return event["dep_delay"]
+
+
+def _describe_release(release):
+    end = datetime.fromtimestamp(release.window_end, tz=timezone.utc)
+    return f"day {release.step} ending {end:%Y-%m-%d} UTC: {release.value:.2f} ± {release.ci95:.2f}"
+
+
+def _build(p, epsilon, output_dir, limit_days=None, seed=None):
+    """Adds the job to ``p``; returns (paths, {label: accounting}, budget)."""
+    # Read inside the pipeline, as a job reads its source (see continual_count).
+    events = (p
+              | "flights file" >> beam.Create([flights_csv_path()])
+              | "read flights" >> beam.FlatMap(read_flights, limit_days=limit_days)
+              | "event time" >> beam.Map(departure_time)
+              | "progress events" >> beam.ParDo(LogProgress("events read")))
+    mean = events | LABEL >> dpb.ContinualMean(
+        user_fn=aircraft, value_fn=delay_minutes, lower=DELAY_LOWER, upper=DELAY_UPPER,
+        max_samples_per_user=MAX_SAMPLES_PER_USER, epsilon=epsilon, step=STEP,
+        max_users=MAX_USERS, rng=seed)
+    budget = dpb.Budget(epsilon=epsilon)
+    report = mean.accounting | "check budget" >> dpb.CombineAccounting(budget)
+
+    paths = {name: _join(output_dir, f"{name}.jsonl")
+             for name in ("releases", "ledger", "report", "invalid")}
+    releases = mean.releases | "progress releases" >> beam.ParDo(
+        LogProgress("days released", _describe_release))
+    for name, pcoll in (("releases", releases), ("ledger", mean.accounting),
+                        ("report", report), ("invalid", mean.invalid)):
+        pcoll | f"write {name}" >> dpb.io.WriteJsonLines(paths[name])
+    return paths, {LABEL: mean.accounting}, budget
+
+
+def build(p, epsilon, output_dir, limit_days=None, seed=None):
+    """Adds the job to pipeline ``p``; returns the paths it writes."""
+    return _build(p, epsilon, output_dir, limit_days, seed)[0]
+
+
+def running_truth(flights, step_seconds=int(STEP.total_seconds())):
+    """Non-private running mean of the clamped delays per step, empty steps included.
+
+    The same events the transform uses: flights with a tail number and a
+    delay, each aircraft's first ``MAX_SAMPLES_PER_USER`` in time order.
+    For comparison on public data only; returns ``[(window_end, mean), ...]``
+    (``nan`` before the first usable flight).
+    """
+    sums, counts, seen = defaultdict(float), defaultdict(int), defaultdict(int)
+    steps = [e["ts"] // step_seconds for e in flights]
+    for e in sorted(flights, key=lambda e: e["ts"]):
+        if e["tailnum"] is None or e["dep_delay"] is None:
+            continue
+        if seen[e["tailnum"]] >= MAX_SAMPLES_PER_USER:
+            continue
+        seen[e["tailnum"]] += 1
+        k = e["ts"] // step_seconds
+        sums[k] += min(max(e["dep_delay"], DELAY_LOWER), DELAY_UPPER)
+        counts[k] += 1
+    total, n, series = 0.0, 0, []
+    for k in range(min(steps), max(steps) + 1):
+        total += sums.get(k, 0.0)
+        n += counts.get(k, 0)
+        series.append(((k + 1) * step_seconds, total / n if n else float("nan")))
+    return series
+
+
+def plot_mean(releases, out_png, truth=None, title=""):
+    """The private running mean with its 95 % band (and ``truth``, if given) over time.
+
+    ``releases`` are release dicts (``MeanRelease`` as JSON) of one stream.
+    The vertical range is the clamping range [lower, upper]: the first
+    days' bands are far wider and would flatten the rest. Days whose
+    diversity flag is false (the accuracy guarantee does not apply yet) are
+    shaded. Returns the path written.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")  # no display needed
+    import matplotlib.dates as mdates
+    import matplotlib.pyplot as plt
+
+    recs = sorted(releases, key=lambda r: r["step"])
+    if not recs:
+        raise ValueError("no releases to plot")
+    x = [datetime.fromtimestamp(r["window_end"], tz=timezone.utc) for r in recs]
+    value = [r["value"] for r in recs]
+    lo = [r["value"] - r["ci95"] for r in recs]
+    hi = [r["value"] + r["ci95"] for r in recs]
+    fig, ax = plt.subplots(figsize=(11, 4.2))
+    ax.fill_between(x, lo, hi, step="post", color="tab:blue", alpha=0.25, linewidth=0,
+                    label=f"95 % band (± {recs[-1]['ci95']:.3g} min at the last day)")
+    ax.step(x, value, where="post", color="tab:blue", linewidth=1.2,
+            label=f"private running mean ({recs[-1]['mechanism']})")
+    if truth:
+        tx = [datetime.fromtimestamp(t, tz=timezone.utc) for t, _ in truth]
+        ax.step(tx, [v for _, v in truth], where="post", color="black", linewidth=0.9,
+                linestyle="--", label="non-private running mean (public demo data)")
+    for xi, xe, r in zip(x, x[1:] + [x[-1]], recs):
+        if not r.get("diverse", True):
+            ax.axvspan(xi, xe, color="0.85", linewidth=0)
+    ax.set_ylim(DELAY_LOWER, DELAY_UPPER)
+    ax.set_ylabel("minutes")
+    locator = mdates.AutoDateLocator(minticks=3, maxticks=8)
+    ax.xaxis.set_major_locator(locator)
+    ax.xaxis.set_major_formatter(mdates.ConciseDateFormatter(locator))
+    ax.set_xlabel("end of day (UTC); grey: diversity condition not met yet")
+    ax.set_title(title, fontsize=10)
+    ax.grid(True, alpha=0.3)
+    ax.legend(loc="upper right", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out_png, dpi=120)
+    plt.close(fig)
+    return out_png
+
+
+def make_parser():
+    parser = argparse.ArgumentParser(
+        prog="user_mean", description=__doc__.split("\n\n")[0],
+        epilog="Any other --flag is a Beam pipeline option (runner, workers, GCP project...).")
+    parser.add_argument("--output", required=True,
+                        help="folder for the outputs: a local path or gs://bucket/folder")
+    parser.add_argument("--epsilon", type=float, default=1.0,
+                        help="privacy budget per aircraft over the whole run")
+    parser.add_argument("--days", type=int, default=None,
+                        help="use only the first N days of 2013 (quick runs)")
+    parser.add_argument("--truth", action="store_true",
+                        help="also plot the non-private running mean (public demo data only)")
+    parser.add_argument("--runner", default="FnApiRunner",
+                        help="Beam runner; pinned because the default one tries to download "
+                             "a binary first")
+    parser.add_argument("--seed", type=int, default=None,
+                        help="TESTS ONLY: derive all noise from this seed (releases are then "
+                             "NOT private); default: secure noise from OS entropy")
+    parser.add_argument("--no_wait", "--no-wait", action="store_true",
+                        help="submit the job and return without waiting, summary or plot")
+    return parser
+
+
+def parse_args(argv):
+    return make_parser().parse_known_args(argv)
+
+
+def _construct(args, beam_args, create_output=True):
+    options = PipelineOptions(beam_args, runner=args.runner)
+    p = beam.Pipeline(options=options)
+    paths, accountings, budget = _build(p, args.epsilon, _output_dir(args.output, create_output),
+                                        limit_days=args.days, seed=args.seed)
+    return p, paths, accountings, budget
+
+
+PLAN_ONLY_OUTPUT = "unused-plan-only-output"
+
+
+def build_pipeline(argv):
+    """Constructs the job without running it: ``(pipeline, {label: accounting}, budget)``.
+
+    Construction checks the plan against the budget; nothing is written, so
+    ``--output`` may be left out.
+    """
+    argv = list(argv)
+    if not any(a == "--output" or a.startswith("--output=") for a in argv):
+        argv += ["--output", PLAN_ONLY_OUTPUT]
+    args, beam_args = parse_args(argv)
+    p, _, accountings, budget = _construct(args, beam_args, create_output=False)
+    return p, accountings, budget
+
+
+def main(argv=None):
+    args, beam_args = parse_args(argv)
+    start = time.perf_counter()
+    p, paths, _, _ = _construct(args, beam_args)
+    _LOG.info("running user_mean on %s; outputs under %s", args.runner,
+              os.path.dirname(paths["releases"]))
+    result = p.run()
+    if args.no_wait:
+        _LOG.info("submitted; not waiting for the job to finish")
+        return paths
+    state = result.wait_until_finish()
+    if state is not None and state != PipelineState.DONE:
+        raise RuntimeError(f"the pipeline ended in state {state}")
+    elapsed = time.perf_counter() - start
+    log_metrics(result)
+    summarise(paths, elapsed)
+    releases = read_jsonl(paths["releases"])
+    truth = running_truth(load_flights(limit_days=args.days)) if args.truth else None
+    if releases:
+        last = max(releases, key=lambda r: r["step"])
+        line = (f"last day: private mean {last['value']:.2f} ± {last['ci95']:.2f} min "
+                f"(95 %), diverse={last['diverse']}")
+        if truth:
+            line += f"; non-private {truth[-1][1]:.2f} min"
+        print(line)
+    if "://" in paths["releases"]:
+        print("plot: skipped for a remote output; render it with `dp-beam report`")
+        return paths
+    title = (f"Running mean departure delay per flight, clamped to [{DELAY_LOWER}, "
+             f"{DELAY_UPPER}] min, daily releases, ε = {args.epsilon:g} per aircraft "
+             f"(≤ {MAX_SAMPLES_PER_USER} flights each)")
+    png = plot_mean(releases, os.path.join(os.path.dirname(paths["releases"]), "user_mean.png"),
+                    truth=truth, title=title)
+    print(f"plot: {png}")
+    return paths
+
+
+if __name__ == "__main__":
+    from dp_beam.cli import configure_logging
+
+    configure_logging(0)
+    main()
