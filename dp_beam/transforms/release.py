@@ -10,6 +10,14 @@ Beam state cells, so a restarted or rebalanced worker loses nothing.
 
 The DoFn knows nothing about DP: a :class:`ReleaseSpec` says how to build and
 restore the mechanism, how to merge aggregates and what to emit per step.
+
+The mechanism's state cell is rewritten at every firing, so it must stay small.
+A mechanism that must keep data for later (the ERM streams keep raw blocks,
+spec private_erm_and_incremental_regression.md §3) sets
+``ReleaseSpec.uses_log``: :func:`release_in_order` then runs
+:class:`LoggedReleaseDoFn`, which gives it a per-key append-only
+:class:`BagLog` (a ``BagState``) read only when needed. Specs without it run
+:class:`OrderedReleaseDoFn` with exactly its own state cells.
 """
 
 import hashlib
@@ -47,7 +55,8 @@ class ReleaseSpec:
 
     Subclasses implement :meth:`new_mechanism`, :meth:`restore`,
     :meth:`release` and :meth:`ledger`; aggregates are ``(value, events)``
-    pairs by default (``zero``/``merge`` may be overridden).
+    pairs by default (``zero``/``merge`` may be overridden). ``uses_log``
+    (default False) asks for a per-key :class:`BagLog`.
     """
 
     #: Human-readable label of the transform (used in records and metrics).
