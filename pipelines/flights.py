@@ -78,3 +78,45 @@ def load_flights(limit_days=None, path=None) -> list:
         for t, c, n, o, d in zip(ts, df["carrier"].tolist(), tailnums,
                                  df["origin"].tolist(), delays)
     ]
+
+
+#: Columns of :func:`load_delay_flights` besides ``ts``, ``carrier`` and ``origin``.
+DELAY_NUMERIC = ("dep_delay", "arr_delay", "distance", "hour", "air_time")
+
+
+def load_delay_flights(limit_days=None, path=None) -> list:
+    """One dict per scheduled flight, sorted by scheduled departure, for the arrival-delay model.
+
+    Keys: ``ts`` (as in :func:`load_flights`), ``carrier``, ``origin`` and the
+    numbers ``dep_delay``, ``arr_delay``, ``air_time`` (minutes), ``distance``
+    (miles) and ``hour`` (scheduled departure hour, local time), each a
+    ``float`` or ``None`` when missing (cancelled and diverted flights have no
+    arrival delay): the transforms, not the loader, decide what is unusable.
+    The sort is stable, so flights of the same minute keep their file order.
+
+    ``limit_days`` and ``path`` as in :func:`load_flights`.
+    """
+    import pandas as pd
+
+    df = pd.read_csv(path or flights_csv_path(),
+                     usecols=["year", "month", "day", "sched_dep_time", "carrier", "origin",
+                              *DELAY_NUMERIC])
+    if limit_days is not None:
+        if limit_days < 1:
+            raise ValueError(f"limit_days must be at least 1, got {limit_days}")
+        first = pd.Timestamp(year=YEAR, month=1, day=1)
+        date = pd.to_datetime(df[["year", "month", "day"]])
+        df = df[(date - first) < pd.Timedelta(days=limit_days)].reset_index(drop=True)
+    ts = _scheduled_departure_epoch(df)
+    order = np.argsort(ts, kind="stable")
+    columns = {name: df[name].to_numpy(dtype=float)[order] for name in DELAY_NUMERIC}
+    carriers = df["carrier"].to_numpy(dtype=object)[order].tolist()
+    origins = df["origin"].to_numpy(dtype=object)[order].tolist()
+    out = []
+    for i, t in enumerate(ts[order].tolist()):
+        rec = {"ts": int(t), "carrier": carriers[i], "origin": origins[i]}
+        for name in DELAY_NUMERIC:
+            v = columns[name][i]
+            rec[name] = None if np.isnan(v) else float(v)
+        out.append(rec)
+    return out

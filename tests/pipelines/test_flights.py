@@ -61,3 +61,34 @@ def test_limit_days_keeps_the_first_local_days():
     assert min(f["ts"] for f in two) >= utc(2013, 1, 1, 5)
     with pytest.raises(ValueError, match="limit_days"):
         load_flights(limit_days=0)
+
+
+def test_delay_flights_are_sorted_and_keep_missing_values_as_none():
+    from pipelines.flights import DELAY_NUMERIC, load_delay_flights
+
+    flights = load_delay_flights()
+    assert len(flights) == 336_776
+    assert set(flights[0]) == {"ts", "carrier", "origin", *DELAY_NUMERIC}
+    ts = [f["ts"] for f in flights]
+    assert ts == sorted(ts)
+    # Cancelled and diverted flights: no arrival delay and no air time.
+    assert sum(f["arr_delay"] is None for f in flights) == 9_430
+    assert sum(f["air_time"] is None for f in flights) == 9_430
+    assert sum(f["dep_delay"] is None for f in flights) == 8_255
+    assert all(isinstance(f[k], float) for f in flights[:1000] for k in ("distance", "hour"))
+
+
+def test_delay_flights_match_the_event_list_of_the_same_days():
+    from pipelines.flights import load_delay_flights
+
+    two = load_delay_flights(limit_days=2)
+    assert len(two) == 1_785
+    # Same flights as load_flights (same days, same timestamps), only sorted.
+    assert sorted((f["ts"], f["carrier"], f["origin"], f["dep_delay"] or -1e9) for f in two) == \
+        sorted((f["ts"], f["carrier"], f["origin"], f["dep_delay"] or -1e9)
+               for f in load_flights(limit_days=2))
+    # UA 1545 of 1 January (the file's first row): 2 min late off, 11 min late in, 227 min
+    # in the air for 1,400 miles, scheduled in the 5 o'clock hour.
+    first = [f for f in two if f["ts"] == utc(2013, 1, 1, 10, 15) and f["carrier"] == "UA"]
+    assert {"dep_delay": 2.0, "arr_delay": 11.0, "air_time": 227.0, "distance": 1400.0,
+            "hour": 5.0}.items() <= first[0].items()
