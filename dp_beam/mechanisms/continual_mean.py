@@ -111,7 +111,7 @@ import numpy as np
 from .calibration import eps_from_rho_delta, rho_from_eps, rho_from_eps_delta
 from .noise import (SecureNoise, SeededNoise, ZeroNoise, gaussian_halfwidth,
                     laplace_sum_halfwidth, make_noise)
-from .registry import get_mechanism
+from .registry import default_mechanism, get_mechanism
 from .tree import BinaryTreeMechanism
 
 __all__ = [
@@ -251,31 +251,158 @@ def withhold_release(state, x, top, store_upto, step=0):
 
 # -- parameters (spec §2.9, §2.10, §3) -----------------------------------------
 
+#: Parameter presets of :class:`MeanParams` (see its docstring).
+PRESETS = ("tuned", "paper")
+
+#: Tuned preset: accuracy target of a level's prior, as a fraction θ of the
+#: level's Hoeffding truncation term (γ_ℓ·2^{ℓ−1} = θ·H_ℓ). Smaller θ narrows
+#: I_ℓ but activates the level later; chosen by measurement
+#: (benchmarks/user_mean_accuracy.py).
+PRIOR_RATIO = 1.0
+
+#: Tuned preset: per-element clipping tail. I_ℓ's Hoeffding term is
+#: ``H_ℓ = √(s·ln(1/CLIP_TAIL)/2)``, so an i.i.d. level sum leaves
+#: ``[sμ − H_ℓ, sμ + H_ℓ]`` with probability ≤ 2·CLIP_TAIL and the expected
+#: clipped mass per sample is ≤ CLIP_TAIL/(2H_ℓ) (Mills-ratio bound on the
+#: Hoeffding tail). Accuracy only: never data.
+CLIP_TAIL = 0.03
+
+#: Tuned preset: confidence of the error bound that activates a level (see
+#: :meth:`ContinualMeanCore._update_bound`). Accuracy only: never data.
+PRIOR_CONFIDENCE = 0.95
+
+#: Tuned preset, participation: the distance of an untruncated level's centre
+#: (½ per sample) from the mean that the count-tree weights plan for, per sample.
+#: Worst case ½; ¼ is the middle of [0, ½]. Accuracy only: never data.
+CENTRE_OFFSET = 0.25
+
+
+def _clip_term(s):
+    """``H = √(s·ln(1/CLIP_TAIL)/2)``: Hoeffding gives ``P(|S − sμ| > H) <= 2·CLIP_TAIL`` for
+    a sum S of s i.i.d. samples in [0, 1], and ``E[(|S − sμ| − H)+] <= ∫_H^∞ 2e^{−2u²/s}du
+    <= s·CLIP_TAIL/(2H)``, i.e. at most CLIP_TAIL/(2H) of clipped mass per sample."""
+    return math.sqrt(s * math.log(1 / CLIP_TAIL) / 2)
+
+
 class MeanParams:
     """Every constant of Algorithm 6 (spec §2.9), for [0,1]-rescaled values.
 
     ``max_users`` (n) and ``max_samples_per_user`` (m) are configuration upper
-    bounds (§6 A15); ``beta`` only affects Δ_ℓ, k_ℓ and reported bounds, never
-    privacy (§6 A6). ``tree_levels`` fixes the tree depth used by
-    :meth:`noise_scale` (the paper's ``h(n)``; default ``h(n)``); the actual
-    trees take their depth from their horizon.
+    bounds (§6 A15); ``beta`` only affects Δ_ℓ, k_ℓ, the prior accuracy
+    targets and reported bounds, never privacy (§6 A6). ``tree_levels`` fixes
+    the tree depth used by :meth:`noise_scale` (the paper's ``h(n)``; default
+    ``h(n)``); the actual trees take their depth from their horizon.
 
-    >>> p = MeanParams(1000, 16, 1.0, 0.1, neighbours="values")
+    ``noise=None`` means ``"gaussian"`` when ``delta`` is given, else
+    ``"laplace"`` (pure ε stays the default without δ, so that a pipeline
+    can compose it with pure-ε transforms under an ε-only budget).
+    ``mechanism=None`` means the spec's binary tree for ``preset="paper"`` and
+    ``default_mechanism(noise, horizon)`` (the most accurate continual
+    counter for the noise family) for ``preset="tuned"``.
+
+    Presets
+    -------
+    ``preset="paper"`` is §2.9 with the canonical constants: equal shares of
+    ε/2 (ρ/2) over the L+1 value trees (and the count tree), ε/(2L) per
+    median (Algorithm 7), W_ℓ = 2Δ_ℓ. It reproduces the §2.10 tables
+    (``tree_levels=h(n)``) and is what the tests of the spec use.
+
+    ``preset="tuned"`` (default) keeps the algorithm (withhold-release,
+    truncation of each level around a per-level prior, buffering until a
+    level activates, the ratio estimate) and changes only data-independent
+    constants, how the levels share noise, and where the prior comes from.
+    Each change and its privacy argument:
+
+    * *tight range* (§2.10 "Practical remark", §3.1). A level-ℓ sum lies in
+      ``[0, s]^d`` (s = 2^{ℓ−1}), so clipping it to ``I_ℓ`` lands in
+      ``J_ℓ = I_ℓ ∩ [0, s]``, whose width is ``<= min(2Δ_ℓ, s)``: that is the
+      per-coordinate element width under ``"values"``. Under
+      ``"participation"`` the element is centred at the midpoint of ``J_ℓ``
+      (a function of the prior only), so its magnitude is ``<= min(Δ_ℓ, s/2)``
+      per coordinate (half the width of J_ℓ).
+    * *skip trivial levels* (§2.10). When ``2Δ_ℓ >= s`` truncation cannot
+      shrink the width below the raw range s, so the level takes no prior:
+      it is active from the first step and its raw sums are used (width s,
+      centred magnitude s/2 under participation), like levels 0 and 1. The
+      decision depends on m and the constants below only.
+    * *truncation width for a bounded clipping bias*. ``Δ_ℓ = H_ℓ +
+      s·(γ_ℓ + 1/(2G_ℓ))`` as eq. (9), but with ``H_ℓ = √(s·ln(1/τ)/2)``,
+      τ = :data:`CLIP_TAIL`, instead of the union bound over n users and L
+      levels: an i.i.d. level sum is clipped with probability <= 2τ and the
+      expected clipped mass is <= τ/(2H_ℓ) per sample (Hoeffding, Mills
+      ratio). Accuracy only; β no longer enters Δ_ℓ.
+    * *prior from the release* (replaces Algorithm 7). The prior of a
+      truncated level is the estimate already released at the previous
+      step, clipped to [0, 1] and rounded to the public grid ``T_ℓ`` of
+      ``G_ℓ = ⌈2·2^{ℓ/2}⌉`` points (the aggregates are projected for every grid
+      point, as for the medians). It is post-processing of released outputs,
+      so it costs no budget and needs no sample store; the value tree's
+      later inputs are then chosen from earlier outputs, the adaptive
+      sequential composition (§4 R2) that the count tree's activation
+      already relies on. A level activates at the first step whose previous
+      release has a public error bound ``<= γ_ℓ = θ·H_ℓ/s`` (θ =
+      :data:`PRIOR_RATIO`); the bound (:meth:`ContinualMeanCore._update_bound`)
+      is computed from released values and public constants only, so
+      activation is post-processing too.
+    * *one value tree*. The per-step sum of all levels' (truncated, centred)
+      elements goes into a single continual counter (:meth:`values_sensitivity`).
+      A user puts at most one element into each level, at any steps, so its
+      per-step changes add up to at most ``Σ_ℓ sens_ℓ`` in L1, and by the
+      triangle inequality ``Σ_t ‖x_t − x'_t‖₂ <= Σ_ℓ sens_ℓ``: the sensitivity
+      the counters are calibrated to. Gaussian: the same variance as L+1
+      trees with the optimal ρ_ℓ ∝ sens_ℓ (Σ σ_ℓ² ∝ (Σ sens_ℓ)²/ρ); Laplace:
+      better than any split ε_ℓ (the optimum ε_ℓ ∝ sens_ℓ^{2/3} gives
+      ``(Σ sens_ℓ^{2/3})^{3/2} >= Σ sens_ℓ``).
+    * *a small count tree* (participation). Untruncated levels share the
+      centre ½ per sample, so one coordinate counts their samples in units
+      of ``S_u = Σ s_ℓ`` over those levels (a user adds at most 1); each
+      truncated level counts its elements (at most 1 per user). Coordinate j
+      carries ``v_j`` times its count (public weights): L1 sensitivity Σ v_j,
+      L2 √(Σ v_j²). The count noise reaches the estimate through the distance
+      of each centre from μ, planned as ``w = S_u·CENTRE_OFFSET`` and
+      ``s·(γ_ℓ/4 + 1/(2G_ℓ))``; ``v ∝ √w`` (Gaussian) or ``w^{2/3}`` (Laplace)
+      minimises that error.
+    * *budget by use* (data-independent): the value tree and the count tree
+      share ε (Laplace, ∝ effective sensitivity^{2/3}) or ρ (Gaussian, ∝
+      effective sensitivity; zCDP composition, the ρ add) as the planned
+      error shares above.
+    * *near-optimal counters*: a user enters the value tree at most L+1 times
+      and the calibration above bounds its total change, so any continual
+      counter applies; ``mechanism=None`` picks BLT (Gaussian) or smooth
+      binary (Laplace, known horizon).
+
+    Why not the private median with tuned constants: under participation the
+    hashed array layout wastes partial buckets; on the flights stream (4,037
+    aircraft) at most ~540 full arrays of 256 samples exist at the year's
+    end, while even the zCDP exponential mechanism (ε²/8-zCDP) with the
+    participation cost sensitivity 1 needs k of about 640 at ε = 1, so the
+    top levels would never activate.
+
+    Budgets are in :attr:`eps_level` / :attr:`rho_level` (keys: levels and
+    ``"count"``) for both presets; :attr:`eps_tree` / :attr:`rho_tree` are the
+    paper's single per-tree values (``preset="paper"``) or the same per-level
+    dicts (``preset="tuned"``).
+
+    >>> p = MeanParams(1000, 16, 1.0, 0.1, neighbours="values", preset="paper")
     >>> p.L, p.eps_tree, p.eps_median, [p.k[l] for l in (2, 3, 4)]
     (4, 0.1, 0.125, [702, 791, 791])
     >>> round(p.noise_scale(4), 1)   # η_4 of §2.10 config A
     3241.6
+    >>> t = MeanParams(10_000, 512, 1.0, delta=1e-6, horizon=365)
+    >>> t.noise, t.mechanism, t.prior_levels, t.median_levels
+    ('gaussian', 'blt', [6, 7, 8, 9], [])
+    >>> round(t.privacy_cost()["epsilon"], 12)
+    1.0
     """
 
     def __init__(self, max_users, max_samples_per_user, epsilon, beta=0.1, *, dim=1,
-                 neighbours="participation", noise="laplace", delta=None,
-                 median_budget="per_L", tree_levels=None, mechanism="tree"):
+                 neighbours="participation", noise=None, delta=None,
+                 median_budget=None, tree_levels=None, mechanism=None, horizon=None,
+                 preset="tuned"):
+        if preset not in PRESETS:
+            raise ValueError(f"preset must be one of {PRESETS}, got {preset!r}")
+        self.preset = preset
         self.n = _pos_int("max_users", max_users)
-        # Any continual-counting mechanism works per level: each user puts at
-        # most one element into each level's tree, so its sensitivity is that
-        # of a single participation whatever the factorisation.
-        get_mechanism(mechanism)  # raises ValueError naming `mechanism`
-        self.mechanism = mechanism
         self.m = _pos_int("max_samples_per_user", max_samples_per_user)
         self.epsilon = _pos_real("epsilon", epsilon)
         self.beta = _pos_real("beta", beta, upper=1.0)
@@ -283,8 +410,10 @@ class MeanParams:
         if neighbours not in NEIGHBOURS:
             raise ValueError(f"neighbours must be one of {NEIGHBOURS}, got {neighbours!r}")
         self.neighbours = neighbours
+        if noise is None:
+            noise = "laplace" if delta in (None, 0, 0.0) else "gaussian"
         if noise not in ("laplace", "gaussian"):
-            raise ValueError(f"noise must be 'laplace' or 'gaussian', got {noise!r}")
+            raise ValueError(f"noise must be 'laplace', 'gaussian' or None, got {noise!r}")
         self.noise = noise
         if noise == "gaussian":
             self.delta = _pos_real("delta", delta, upper=1.0)
@@ -292,26 +421,50 @@ class MeanParams:
             raise ValueError(f"delta must be None for Laplace noise (pure epsilon-DP), got {delta!r}")
         else:
             self.delta = None
+        if horizon is not None:
+            horizon = _pos_int("horizon", horizon)
+        if mechanism is None:
+            mechanism = "tree" if preset == "paper" else default_mechanism(noise, horizon)
+        # Any continual-counting mechanism works per level: each user puts at
+        # most one element into each level's tree, so its sensitivity is that
+        # of a single participation whatever the factorisation.
+        get_mechanism(mechanism)  # raises ValueError naming `mechanism`
+        self.mechanism = mechanism
+        if median_budget is None:
+            median_budget = "per_L"
         if median_budget not in ("per_L", "per_L_minus_1"):
-            raise ValueError(f"median_budget must be 'per_L' or 'per_L_minus_1', got {median_budget!r}")
+            raise ValueError(f"median_budget must be 'per_L', 'per_L_minus_1' or None, got {median_budget!r}")
         self.median_budget = median_budget
         self.tree_levels = h(self.n) if tree_levels is None else _pos_int("tree_levels", tree_levels)
-
-        L = self.L = self.m.bit_length() - 1                       # §6 A4
-        d = self.dim
-        self.levels = list(range(L + 1))
-        self.median_levels = list(range(2, L + 1))
+        self.L = self.m.bit_length() - 1                            # §6 A4
+        self.levels = list(range(self.L + 1))
         self.participation = neighbours == "participation"
-        self.n_trees = L + 1 + (1 if self.participation else 0)
-        # Count tree coordinates: new elements per level, then A_ℓ/2^{ℓ−1} for ℓ = 2..L.
-        self.count_dim = (L + 1) + len(self.median_levels)
+        if preset == "paper":
+            self._init_paper()
+        else:
+            self._init_tuned()
+        self.prior_set = frozenset(self.prior_levels)
+        self.n_trees = len(self.eps_level)
+        self.count_dim = len(self.count_weights)
 
+    # -- preset "paper": §2.9 canonical constants ---------------------------------
+
+    def _init_paper(self):
+        L, d = self.L, self.dim
+        self.prior = "median"
+        self.median_levels = list(range(2, L + 1))
+        self.prior_levels = list(self.median_levels)
+        n_trees = L + 1 + (1 if self.participation else 0)
+        # Count tree coordinates: new elements per level, then A_ℓ/2^{ℓ−1} for ℓ = 2..L.
+        self.count_groups = [(lv,) for lv in self.levels]
+        self.count_unit = [float(element_size(lv)) for lv in self.levels]
+        self.count_weights = np.ones((L + 1) + len(self.median_levels))
         n_medians = len(self.median_levels)
         if self.noise == "laplace":
             tree_share = self.epsilon / 2 if n_medians else self.epsilon
-            self.eps_tree = tree_share / self.n_trees                 # ε/(2(L+1)) (values)
+            self.eps_tree = tree_share / n_trees                      # ε/(2(L+1)) (values)
             if n_medians:
-                div = L if median_budget == "per_L" else L - 1
+                div = L if self.median_budget == "per_L" else L - 1
                 self.eps_median = self.epsilon / (2 * div)            # ε/(2L), §6 A5
             else:
                 self.eps_median = None
@@ -321,15 +474,18 @@ class MeanParams:
             rho = rho_from_eps_delta(self.epsilon, self.delta)
             self.rho_total = rho
             tree_share = rho / 2 if n_medians else rho
-            self.rho_tree = tree_share / self.n_trees
-            # Tree given as (ε', δ) so that BinaryTreeMechanism's zCDP
-            # calibration lands on exactly ρ_tree (eps_from_rho_delta inverts it).
+            self.rho_tree = tree_share / n_trees
+            # Tree given as (ε', δ) so that the zCDP calibration of the tree
+            # lands on exactly ρ_tree (eps_from_rho_delta inverts it).
             self.eps_tree = eps_from_rho_delta(self.rho_tree, self.delta)
             if n_medians:
                 self.eps_median_coord = math.sqrt(rho / (d * n_medians))
                 self.eps_median = self.eps_median_coord * d
             else:
                 self.eps_median = self.eps_median_coord = None
+        keys = self.levels + (["count"] if self.participation else [])
+        self.eps_level = {key: self.eps_tree for key in keys}
+        self.rho_level = {key: self.rho_tree for key in keys} if self.noise == "gaussian" else None
         self.beta_median = self.beta / (6 * L) if L >= 1 else self.beta   # §6 A6
         # Union bounds over coordinates use β/d (§3.3, §6 A18).
         beta_m = self.beta_median / d
@@ -350,6 +506,99 @@ class MeanParams:
             self.width[level] = 2 * Delta
             self.element_bound[level] = Delta if self.participation else 2 * Delta
 
+    # -- preset "tuned" ---------------------------------------------------------
+
+    def _init_tuned(self):
+        L, d = self.L, self.dim
+        self.prior = "release"
+        self.median_levels = []
+        self.eps_median = self.eps_median_coord = None
+        self.k = {}
+        self.beta_prior = self.beta / (3 * max(L, 1))
+        self.G, self.gamma, self.Delta, self.width, self.element_bound = {}, {}, {}, {}, {}
+        self.prior_levels = []
+        for level in self.levels:
+            s = element_size(level)
+            self.width[level] = float(s)
+            self.element_bound[level] = s / 2 if self.participation else float(s)
+            if level <= 1:
+                continue
+            H = _clip_term(s)
+            G = math.ceil(2 * 2 ** (level / 2))
+            gamma = PRIOR_RATIO * H / s
+            Delta = H + s * (gamma + 1 / (2 * G))
+            if 2 * Delta >= s:
+                continue                                   # truncation cannot help: no prior
+            self.prior_levels.append(level)
+            self.G[level], self.gamma[level], self.Delta[level] = G, gamma, Delta
+            self.width[level] = 2 * Delta
+            self.element_bound[level] = Delta if self.participation else 2 * Delta
+
+        lap = self.noise == "laplace"
+        power = 2 / 3 if lap else 1.0
+        weight = {"values": self.values_sensitivity() ** power}
+        if self.participation:
+            # Count coordinates: the untruncated levels share the centre ½ per
+            # sample, so one coordinate counts their samples (in units of
+            # S_u = Σ s_ℓ, at most 1 per user); each truncated level counts its
+            # elements (at most 1 per user).
+            plain = tuple(lv for lv in self.levels if lv not in self.G)
+            S_u = float(sum(element_size(lv) for lv in plain))
+            self.count_groups = [plain] + [(lv,) for lv in self.prior_levels]
+            self.count_unit = [S_u] + [float(element_size(lv)) for lv in self.prior_levels]
+            # Planned weight of each coordinate's noise in the estimate: the
+            # distance of its centre from μ times its unit. A truncated level's
+            # centre is off by the prior's error, typically a quarter of its
+            # activation bound γ_ℓ, plus the grid's half-step.
+            w = np.array([S_u * CENTRE_OFFSET] +
+                         [element_size(lv) * (self.gamma[lv] / 4 + 1 / (2 * self.G[lv]))
+                          for lv in self.prior_levels])
+            v = (w / w.max()) ** (2 / 3 if lap else 0.5)
+            self.count_weights = v
+            csens = float(v.sum()) if lap else float(np.sqrt((v * v).sum()))
+            # Planned count error: σ per unit-weight coordinate ∝ csens, times √Σ(w/v)².
+            weight["count"] = (csens * float(np.sqrt(((w / v) ** 2).sum()))) ** power
+        else:
+            self.count_groups, self.count_unit = [], []
+            self.count_weights = np.zeros(0)
+        total = sum(weight.values())
+        if lap:
+            self.eps_level = {key: self.epsilon * wt / total for key, wt in weight.items()}
+            self.rho_level = None
+        else:
+            rho = self.rho_total = rho_from_eps_delta(self.epsilon, self.delta)
+            self.rho_level = {key: rho * wt / total for key, wt in weight.items()}
+            self.eps_level = {key: eps_from_rho_delta(r, self.delta) for key, r in self.rho_level.items()}
+        self.eps_tree = dict(self.eps_level)
+        self.rho_tree = None if self.rho_level is None else dict(self.rho_level)
+
+    # -- derived quantities -----------------------------------------------------------
+
+    def tree_epsilon(self, key):
+        """ε given to the tree of level ``key`` (or ``"count"``); for Gaussian noise the
+        (ε, δ) whose zCDP calibration is exactly :meth:`tree_rho`."""
+        return self.eps_level[key]
+
+    def tree_rho(self, key):
+        """ρ of the tree of level ``key`` (or ``"count"``): ε²/2 for Laplace trees."""
+        if self.rho_level is None:
+            return rho_from_eps(self.eps_level[key])
+        return self.rho_level[key]
+
+    @property
+    def single_tree(self):
+        """Tuned preset: one value tree fed the per-step sum of all levels' elements."""
+        return self.preset == "tuned"
+
+    def values_sensitivity(self):
+        """Sensitivity of the single value tree (tuned preset): ``Σ_ℓ sens_ℓ``.
+
+        A user puts at most one element into each level, at any steps; the
+        per-step changes add up to at most ``Σ_ℓ sens_ℓ`` in L1 (Laplace) and,
+        by the triangle inequality, ``Σ_t ‖x_t − x'_t‖₂ <= Σ_ℓ sens_ℓ`` (Gaussian),
+        which is the sensitivity a continual counter is calibrated to."""
+        return sum(self.tree_sensitivity(lv) for lv in self.levels)
+
     # Sensitivity of one user's whole contribution to a tree (§1.2 with c_u = 1).
     def tree_sensitivity(self, level):
         """Per-user sensitivity of B_ℓ's input sequence: L1 ``d·e_ℓ`` (Laplace), L2 ``√d·e_ℓ`` (Gaussian)."""
@@ -357,20 +606,27 @@ class MeanParams:
         return factor * self.element_bound[level]
 
     def count_sensitivity(self):
-        """Per-user sensitivity of the count tree: L1 2L (Laplace), L2 √(2L) (Gaussian)."""
-        return float(self.count_dim) if self.noise == "laplace" else math.sqrt(self.count_dim)
+        """Per-user sensitivity of the count tree: a user adds at most ``v_j`` to coordinate j
+        (paper: v = 1 over 2L coordinates, so L1 2L and L2 √(2L))."""
+        v = self.count_weights
+        return float(v.sum()) if self.noise == "laplace" else float(np.sqrt((v * v).sum()))
 
     def noise_scale(self, level, levels=None):
-        """Node noise scale of B_ℓ for a tree of ``levels`` levels (default ``tree_levels``).
+        """Node noise scale of B_ℓ (or ``"count"``) for a tree of ``levels`` levels (default ``tree_levels``).
 
-        Laplace ``η_ℓ = h·sens_ℓ/ε_B`` (eq. (10)); Gaussian σ for L2 sensitivity
-        ``√h·sens_ℓ`` at ρ_tree (§1.2).
+        Laplace ``η_ℓ = h·sens_ℓ/ε_ℓ`` (eq. (10)); Gaussian σ for L2 sensitivity
+        ``√h·sens_ℓ`` at ρ_ℓ (§1.2).
         """
         levels = self.tree_levels if levels is None else levels
-        sens = self.tree_sensitivity(level) if level != "count" else self.count_sensitivity()
+        if level == "count":
+            sens = self.count_sensitivity()
+        elif level == "values":
+            sens = self.values_sensitivity()
+        else:
+            sens = self.tree_sensitivity(level)
         if self.noise == "laplace":
-            return levels * sens / self.eps_tree
-        return math.sqrt(levels) * sens / math.sqrt(2 * self.rho_tree)
+            return levels * sens / self.eps_level[level]
+        return math.sqrt(levels) * sens / math.sqrt(2 * self.rho_level[level])
 
     def centre(self, level, mu):
         """Centre 2^{ℓ−1}·μ̃ of I_ℓ (eq. (8)); ½ for levels 0, 1 (participation centring)."""
@@ -383,15 +639,17 @@ class MeanParams:
 
     def privacy_cost(self):
         """Total cost of the whole output sequence: ``{"epsilon", "delta", "rho"}`` (§2.9, Lemma 2.2)."""
-        n_med = len(self.median_levels)
+        trees = list(self.eps_level)
         if self.noise == "laplace":
-            eps = self.n_trees * self.eps_tree + n_med * (self.eps_median or 0.0)
+            eps = sum(self.eps_level[key] for key in trees)
+            eps += len(self.median_levels) * (self.eps_median or 0.0)
             return {"epsilon": eps, "delta": 0.0, "rho": rho_from_eps(eps)}
-        rho = self.n_trees * self.rho_tree + n_med * self.dim * (self.eps_median_coord or 0.0) ** 2 / 2
+        rho = sum(self.rho_level[key] for key in trees)
+        rho += len(self.median_levels) * self.dim * (self.eps_median_coord or 0.0) ** 2 / 2
         return {"epsilon": eps_from_rho_delta(rho, self.delta), "delta": self.delta, "rho": rho}
 
     def activation_threshold(self, level):
-        """Samples ``2^{ℓ−1}·k_ℓ`` that activate B_ℓ (§2.9 "Line 9")."""
+        """Samples ``2^{ℓ−1}·k_ℓ`` that activate B_ℓ (§2.9 "Line 9"; median prior only)."""
         return element_size(level) * self.k[level]
 
 
@@ -521,13 +779,14 @@ class MeanAggregate:
 
     * ``events``: samples in the step (used, i.e. within the cap m);
     * ``counts[ℓ]``: level-ℓ elements released in the step;
-    * ``low[ℓ]`` (ℓ ≤ 1): sum of the (untruncated) level-0/1 elements, a d-vector;
-    * ``proj[ℓ]`` (ℓ ≥ 2): ``G_ℓ × d`` array, row j = Σ of the elements projected
+    * ``low[ℓ]`` (ℓ not truncated: 0, 1 and, in the tuned preset, levels whose
+      truncation could not help): sum of the raw elements, a d-vector;
+    * ``proj[ℓ]`` (ℓ truncated around a prior): ``G_ℓ × d`` array, row j = Σ of the elements projected
       onto ``I_ℓ`` for the candidate prior ``μ̃_ℓ = (j+½)/G_ℓ``. The prior is
       on a public finite grid, so every element can be projected for every
       candidate where it arises, in parallel, and the core picks the row of the
       chosen prior; this keeps the aggregate of fixed size;
-    * ``a_inc[ℓ]`` (ℓ ≥ 2): increments of ``A_ℓ = Σ_v min(M_v, 2^{ℓ−1})``;
+    * ``a_inc[ℓ]`` (ℓ with a median): increments of ``A_ℓ = Σ_v min(M_v, 2^{ℓ−1})``;
     * ``samples``: ``(order_key, index, x)`` of samples with index ≤ 2^{L−1} (for medians);
     * ``max_count``: the largest user count seen in the step (values model: public).
     """
@@ -574,7 +833,7 @@ def contribution(params, state, x, step=0):
     place besides Algorithm 7 that reads sample values (A6-15); every projection
     happens here, for every candidate prior.
     """
-    store_upto = element_size(params.L) if params.median_levels else 0
+    store_upto = element_size(max(params.median_levels)) if params.median_levels else 0
     out = withhold_release(state, x, params.L, store_upto, step)
     agg = MeanAggregate()
     agg.events = 1
@@ -588,7 +847,7 @@ def contribution(params, state, x, step=0):
     level = out["level"]
     if level is not None:
         agg.counts[level] = 1
-        if level <= 1:
+        if level not in params.prior_set:
             agg.low[level] = out["element"].copy()
         else:
             s = element_size(level)
@@ -633,10 +892,13 @@ class ContinualMeanCore:
         self.horizon = horizon
         self.source = make_noise(rng)
         self.t = 0
-        self.trees = {lv: self._tree(self.p.tree_sensitivity(lv), self.p.dim) for lv in params.levels}
-        self.count_tree = (self._tree(self.p.count_sensitivity(), self.p.count_dim)
+        if params.single_tree:
+            self.trees = {"values": self._tree("values", params.values_sensitivity(), params.dim)}
+        else:
+            self.trees = {lv: self._tree(lv, params.tree_sensitivity(lv), params.dim) for lv in params.levels}
+        self.count_tree = (self._tree("count", self.p.count_sensitivity(), self.p.count_dim)
                            if params.participation else None)
-        self.active = {lv: lv <= 1 for lv in params.levels}
+        self.active = {lv: lv not in params.prior_set for lv in params.levels}
         self.prior = {}                      # level → grid indices (d,)
         self.buffer = {}                     # level → G × d projected sums of buffered elements
         self.counts = {lv: 0 for lv in params.levels}
@@ -644,10 +906,13 @@ class ContinualMeanCore:
         self.max_count = 0
         self.store = {}                      # order key → list of samples (index order)
         self.noisy_counts = None
+        # Release-prior preset: the previous release (rescaled to [0,1]) and its error bound.
+        self.last_est01 = None
+        self.last_bound = math.inf
 
-    def _tree(self, sensitivity, dim):
+    def _tree(self, key, sensitivity, dim):
         p = self.p
-        kw = dict(epsilon=p.eps_tree, sensitivity=sensitivity, horizon=self.horizon, dim=dim,
+        kw = dict(epsilon=p.tree_epsilon(key), sensitivity=sensitivity, horizon=self.horizon, dim=dim,
                   rng=self.source)
         if p.noise == "gaussian":
             kw.update(noise="gaussian", delta=p.delta, calibration="zcdp")
@@ -665,13 +930,15 @@ class ContinualMeanCore:
             "counts": dict(self.counts), "a": dict(self.a), "max_count": self.max_count,
             "store": {k: [(i, x.tolist()) for i, x in v] for k, v in self.store.items()},
             "noisy_counts": None if self.noisy_counts is None else self.noisy_counts.tolist(),
+            "last_est01": None if self.last_est01 is None else self.last_est01.tolist(),
+            "last_bound": self.last_bound,
         }
 
     @classmethod
     def from_state(cls, params, state, lower=0.0, upper=1.0, rng=None):
         if not isinstance(state, dict) or state.get("mechanism") != cls.name:
             raise ValueError("state is not a continual-mean core state")
-        core = cls(params, lower, upper, horizon=state["trees"][0]["horizon"], rng=rng)
+        core = cls(params, lower, upper, horizon=next(iter(state["trees"].values()))["horizon"], rng=rng)
         core.t = state["t"]
         core.trees = {lv: get_mechanism(s["mechanism"]).from_state(s, rng=core.source)
                       for lv, s in state["trees"].items()}
@@ -688,6 +955,9 @@ class ContinualMeanCore:
                       for k, v in state["store"].items()}
         nc = state["noisy_counts"]
         core.noisy_counts = None if nc is None else np.asarray(nc, dtype=np.float64)
+        est = state.get("last_est01")
+        core.last_est01 = None if est is None else np.asarray(est, dtype=np.float64)
+        core.last_bound = float(state.get("last_bound", math.inf))
         return core
 
     # -- the step --------------------------------------------------------------
@@ -705,9 +975,18 @@ class ContinualMeanCore:
             return self.a[level] >= p.activation_threshold(level)
         # Noisy A_ℓ/2^{ℓ−1} minus a public margin (the count tree's 95 % half-width),
         # so that activation rarely happens before k_ℓ arrays can be filled.
-        j = (p.L + 1) + (level - 2)
-        margin = self.count_tree.ci_halfwidth(self.count_tree.t)
+        j = len(p.count_groups) + p.median_levels.index(level)
+        margin = self.count_tree.ci_halfwidth(self.count_tree.t) / p.count_weights[j]
         return self.noisy_counts[j] - margin >= p.k[level]
+
+    def _release_prior(self, level):
+        """Tuned preset: grid index of the previous release as level ℓ's prior, or None while
+        the release's error bound exceeds γ_ℓ (post-processing of released outputs only)."""
+        if self.last_est01 is None or self.last_bound > self.p.gamma[level]:
+            return None
+        G = self.p.G[level]
+        y = np.clip(self.last_est01, 0.0, 1.0)
+        return np.minimum(np.floor(y * G), G - 1).astype(np.int64)
 
     def step(self, agg=None):
         """Consume one step's :class:`MeanAggregate` (None = empty step); return a :class:`MeanStep`."""
@@ -724,35 +1003,52 @@ class ContinualMeanCore:
                 self.store.setdefault(key, []).append((idx, np.asarray(x, dtype=np.float64)))
         if self.count_tree is not None:
             inc = np.zeros(p.count_dim)
-            for lv in p.levels:
-                inc[lv] = agg.counts.get(lv, 0)
+            for j, (group, unit) in enumerate(zip(p.count_groups, p.count_unit)):
+                inc[j] = sum(element_size(lv) * agg.counts.get(lv, 0) for lv in group) / unit
             for i, lv in enumerate(p.median_levels):
-                inc[p.L + 1 + i] = agg.a_inc.get(lv, 0) / element_size(lv)
-            self.noisy_counts = np.atleast_1d(np.asarray(self.count_tree.step(inc), dtype=np.float64))
+                inc[len(p.count_groups) + i] = agg.a_inc.get(lv, 0) / element_size(lv)
+            # Coordinate j carries v_j times its count (public weights); divided back here.
+            noisy = self.count_tree.step(inc * p.count_weights)
+            self.noisy_counts = np.atleast_1d(np.asarray(noisy, dtype=np.float64)) / p.count_weights
+            if p.preset == "tuned":
+                # Post-processing: every count coordinate is a number of users (or of
+                # elements, one per user) in [0, n]. With centred elements a level whose
+                # count clamps to 0 drops out of numerator and denominator alike.
+                self.noisy_counts = np.clip(self.noisy_counts, 0.0, float(p.n))
 
         feed, fed_n = {}, {}
-        for lv in p.median_levels:
+        for lv in p.prior_levels:
             if lv in agg.proj:
                 if self.active[lv]:
                     feed[lv] = self._pick(lv, agg.proj[lv])
                     fed_n[lv] = agg.counts.get(lv, 0)
                 else:
                     self.buffer[lv] = self.buffer[lv] + agg.proj[lv] if lv in self.buffer else agg.proj[lv]
-        for lv in p.median_levels:
-            if not self.active[lv] and self._activation_due(lv):
+        for lv in p.prior_levels:
+            if self.active[lv]:
+                continue
+            if p.prior == "median":
+                if not self._activation_due(lv):
+                    continue
                 store = {k: [x for _, x in sorted(v, key=lambda e: e[0])] for k, v in self.store.items()}
                 self.prior[lv] = private_median(lv, store, p, self.source)
-                self.active[lv] = True
-                if lv in self.buffer:
-                    # The buffer holds every level-ℓ element so far, this step's included (A6-4).
-                    feed[lv] = self._pick(lv, self.buffer.pop(lv))
-                    fed_n[lv] = self.counts[lv]
+            else:
+                idx = self._release_prior(lv)
+                if idx is None:
+                    continue
+                self.prior[lv] = idx
+            self.active[lv] = True
+            if lv in self.buffer:
+                # The buffer holds every level-ℓ element so far, this step's included (A6-4).
+                feed[lv] = self._pick(lv, self.buffer.pop(lv))
+                fed_n[lv] = self.counts[lv]
         if all(self.active.values()):
             self.store = {}
 
+        total = None
         for lv in p.levels:
             x = np.zeros(p.dim)
-            if lv <= 1:
+            if lv not in p.prior_set:
                 if lv in agg.low:
                     x = np.asarray(agg.low[lv], dtype=np.float64)
                 n_new = agg.counts.get(lv, 0)
@@ -763,22 +1059,34 @@ class ContinualMeanCore:
             if p.participation and n_new:
                 # Centre before the tree: presence, not spread, is what a user changes.
                 x = x - n_new * self._centre(lv)
-            self.trees[lv].step(x)
+            if p.single_tree:
+                total = x if total is None else total + x
+            else:
+                self.trees[lv].step(x)
+        if p.single_tree:
+            self.trees["values"].step(total)
         return self._output(agg)
 
     def _centre(self, level):
-        if level <= 1:
-            return 0.5
-        return element_size(level) * self._prior_values(level)
+        s = element_size(level)
+        if level not in self.p.prior_set:
+            return 0.5 * s
+        c = s * self._prior_values(level)
+        if self.p.preset == "paper":
+            return c
+        # Tuned: midpoint of J_ℓ = I_ℓ ∩ [0, s], so |Π(S) − centre| <= min(Δ_ℓ, s/2).
+        D = self.p.Delta[level]
+        return (np.maximum(c - D, 0.0) + np.minimum(c + D, s)) / 2
 
     def _output(self, agg):
         p = self.p
         active = [lv for lv in p.levels if self.active[lv]]
+        tree_keys = ["values"] if p.single_tree else active
         if not p.participation:
-            num = sum(self.trees[lv].current() for lv in active)
+            num = sum(self.trees[key].current() for key in tree_keys)
             den = float(sum(element_size(lv) * self.counts[lv] for lv in active))
             est01 = np.asarray(num, dtype=np.float64) / den if den > 0 else np.full(p.dim, 0.5)
-            trees = [self.trees[lv] for lv in active] if self.t else []
+            trees = [self.trees[key] for key in tree_keys] if self.t else []
             std = math.sqrt(sum(tr.noise_std(self.t) ** 2 for tr in trees))
             std01 = std / den if den > 0 else math.inf
             if den <= 0:
@@ -796,25 +1104,43 @@ class ContinualMeanCore:
             diverse = self._diverse_values()
         else:
             nc = self.noisy_counts
-            num = np.zeros(p.dim)
+            num = sum(np.asarray(self.trees[key].current(), dtype=np.float64) for key in tree_keys)
+            num = num + np.zeros(p.dim)
             den = 0.0
-            for lv in active:
-                num = num + np.asarray(self.trees[lv].current()) + self._centre(lv) * nc[lv]
-                den += element_size(lv) * nc[lv]
+            groups = [j for j, group in enumerate(p.count_groups) if all(self.active[lv] for lv in group)]
+            # Per count coordinate: samples per unit and centre per sample (levels of a
+            # merged coordinate are untruncated and share the centre ½).
+            units = {j: p.count_unit[j] for j in groups}
+            centres = {j: self._centre(p.count_groups[j][0]) / element_size(p.count_groups[j][0])
+                       for j in groups}
+            for j in groups:
+                num = num + centres[j] * units[j] * nc[j]
+                den += units[j] * nc[j]
+            den_raw = den
             # Post-processing of noisy counts: the denominator is at least one sample.
             den = max(den, 1.0)
             est01 = num / den
             # First-order (delta-method) std: tree noise plus the count noise
-            # weighted by how far each level's centre is from the estimate.
+            # weighted by how far each coordinate's centre is from the estimate
+            # (coordinate j of the count tree carries v_j times its count: noise cstd/v_j).
             cstd = self.count_tree.noise_std(self.t)
-            var = np.zeros(p.dim)
-            for lv in active:
-                var = var + self.trees[lv].noise_std(self.t) ** 2
-                w = element_size(lv) * (self._centre(lv) / element_size(lv) - est01)
-                var = var + (w * cstd) ** 2
+            tvar = sum(self.trees[key].noise_std(self.t) ** 2 for key in tree_keys)
+            eta = {j: cstd / p.count_weights[j] for j in groups}
+
+            var = tvar + sum((units[j] * (centres[j] - est01) * eta[j]) ** 2 for j in groups)
             std01 = np.sqrt(var) / den
             ci01 = gaussian_halfwidth(1.0) * std01
+            # For the activation bound: the error is exactly (a − r·b)/den̂, with a, b the
+            # numerator and denominator noises and r the exact mean. The std sd(r) of
+            # a − r·b satisfies sd(r) <= sd(est) + |r − est|·sd(b) (triangle inequality),
+            # so |error| <= z·sd(r)/den̂ implies |error| <= z·sd(est)/(den̂ − z·sd(b)).
+            sd_den = math.sqrt(sum((units[j] * eta[j]) ** 2 for j in groups))
+            z = gaussian_halfwidth(1.0, PRIOR_CONFIDENCE)
+            slack = den_raw - z * sd_den
+            bound_std = std01 * den / slack if slack > 0 else np.full(p.dim, math.inf)
             diverse = self._diverse_participation()
+        if p.prior == "release":
+            self._update_bound(est01, std01 if not p.participation else bound_std, den)
         R = self.upper - self.lower
         estimate = self.lower + R * est01
         noise_std = R * std01
@@ -829,18 +1155,42 @@ class ContinualMeanCore:
                         priors={lv: self._prior_values(lv).tolist() for lv in self.prior},
                         events=agg.events)
 
+    def _update_bound(self, est01, std01, den):
+        """Tuned preset: keep this release and a public bound on its distance from μ (max over coordinates).
+
+        ``z·std + √(ln(2/(1−c))/(2N))`` with c = :data:`PRIOR_CONFIDENCE` and z
+        its two-sided normal quantile: the noise (Gaussian, or a sum of many
+        Laplace nodes, close to Gaussian) and Hoeffding's deviation of the mean
+        of the N included samples. Under participation N and the std are the
+        noisy, first-order ones. Everything here is computed from released
+        values and public constants, so activation is post-processing.
+        """
+        self.last_est01 = np.asarray(est01, dtype=np.float64).copy()
+        std = float(np.max(std01))
+        if den <= 0 or not math.isfinite(std):
+            self.last_bound = math.inf
+            return
+        noise = gaussian_halfwidth(std, PRIOR_CONFIDENCE) if std > 0 else 0.0
+        stat = math.sqrt(math.log(2 / (1 - PRIOR_CONFIDENCE)) / (2 * den))
+        self.last_bound = noise + stat
+
     def _diverse_values(self):
-        """Canonical Div(t) (§2.9, §6 A9): ℓ* = ⌊log2 M_t⌋ ≤ 1 or A_{ℓ*} ≥ 2^{ℓ*−1}k_{ℓ*}. Public."""
+        """Canonical Div(t) (§2.9, §6 A9): ℓ* = ⌊log2 M_t⌋ ≤ 1 or A_{ℓ*} ≥ 2^{ℓ*−1}k_{ℓ*}. Public.
+
+        With the release prior (tuned preset): every level up to ℓ* is active."""
         if self.max_count <= 0:
             return False
         top = min(self.max_count.bit_length() - 1, self.p.L)
+        if self.p.prior == "release":
+            return all(self.active[lv] for lv in self.p.levels if lv <= top)
         return top <= 1 or self.a[top] >= self.p.activation_threshold(top)
 
     def _diverse_participation(self):
         """Participation: M_t is private, so the flag says every level whose noisy
         element count exceeds its 95 % noise half-width is active (post-processing)."""
         margin = self.count_tree.ci_halfwidth(self.count_tree.t)
-        return all(self.active[lv] or self.noisy_counts[lv] <= margin for lv in self.p.levels)
+        return all(all(self.active[lv] for lv in group) or self.noisy_counts[j] <= margin / self.p.count_weights[j]
+                   for j, group in enumerate(self.p.count_groups))
 
 
 def _rescale_setup(lower, upper, dim):
@@ -874,11 +1224,12 @@ class ContinualMean:
     """
 
     def __init__(self, lower, upper, max_samples_per_user, epsilon, *, max_users, beta=0.1, dim=1,
-                 neighbours="participation", noise="laplace", delta=None, horizon=None,
-                 median_budget="per_L", rng=None):
+                 neighbours="participation", noise=None, delta=None, horizon=None,
+                 median_budget=None, mechanism=None, preset="tuned", rng=None):
         self.params = MeanParams(max_users, max_samples_per_user, epsilon, beta, dim=dim,
                                  neighbours=neighbours, noise=noise, delta=delta,
-                                 median_budget=median_budget)
+                                 median_budget=median_budget, mechanism=mechanism,
+                                 horizon=horizon, preset=preset)
         self.lower, self.upper = _rescale_setup(lower, upper, self.params.dim)
         self.core = ContinualMeanCore(self.params, self.lower, self.upper, horizon, rng)
         self.users = {}

@@ -8,7 +8,8 @@ import pytest
 
 from dp_beam.mechanisms import SeededNoise, ZeroNoise
 from dp_beam.mechanisms.continual_mean import (
-    ContinualMean, MeanParams, MultiTreeMean, NaiveMean, SingleTreeMean, UserState,
+    ContinualMean, ContinualMeanCore, MeanAggregate, MeanParams, MultiTreeMean, NaiveMean,
+    SingleTreeMean, UserState,
     _contiguous_arrays, _hashed_arrays, contribution, element_size, exponential_mechanism,
     grid, median_cost, quantize, release_level, represented_count, withhold_release)
 
@@ -16,7 +17,7 @@ from dp_beam.mechanisms.continual_mean import (
 # -- parameters: §2.10 worked values (A6-12, ALG-1, A6-1) ----------------------
 
 def test_config_a_table_alg6():
-    p = MeanParams(1000, 16, 1.0, 0.1, neighbours="values")
+    p = MeanParams(1000, 16, 1.0, 0.1, neighbours="values", preset="paper")
     assert (p.L, p.tree_levels, p.eps_tree, p.eps_median) == (4, 10, 0.1, 0.125)
     assert p.beta_median == pytest.approx(0.00416667, rel=1e-5)
     assert p.G == {2: 1, 3: 2, 4: 2} and p.k == {2: 702, 3: 791, 4: 791}
@@ -31,7 +32,7 @@ def test_config_a_table_alg6():
 
 
 def test_config_b_table_alg6():
-    p = MeanParams(20000, 64, 1.0, 0.1, neighbours="values")
+    p = MeanParams(20000, 64, 1.0, 0.1, neighbours="values", preset="paper")
     assert (p.L, p.tree_levels) == (6, 15)
     assert p.eps_tree == pytest.approx(0.0714286, rel=1e-5)
     assert p.eps_median == pytest.approx(0.0833333, rel=1e-5)
@@ -52,8 +53,8 @@ def test_baseline_noise_scales_config_a():
 
 
 def test_participation_sensitivities_and_budget():
-    v = MeanParams(1000, 16, 1.0, 0.1, neighbours="values")
-    p = MeanParams(1000, 16, 1.0, 0.1, neighbours="participation")
+    v = MeanParams(1000, 16, 1.0, 0.1, neighbours="values", preset="paper")
+    p = MeanParams(1000, 16, 1.0, 0.1, neighbours="participation", preset="paper")
     # Presence of a centred element: ½ for levels 0/1, Δ_ℓ (half the values width) for ℓ >= 2.
     assert [p.element_bound[lv] for lv in p.levels] == pytest.approx(
         [0.5, 0.5] + [v.Delta[lv] for lv in (2, 3, 4)])
@@ -64,18 +65,19 @@ def test_participation_sensitivities_and_budget():
     assert p.count_dim == 8 and p.count_sensitivity() == 8
     assert p.privacy_cost()["epsilon"] <= 1.0 + 1e-12
     # No medians when L <= 1: the trees get all of ε (A6-14).
-    small = MeanParams(10, 3, 1.0, neighbours="values")
+    small = MeanParams(10, 3, 1.0, neighbours="values", preset="paper")
     assert small.median_levels == [] and small.eps_tree == pytest.approx(0.5)
 
 
 def test_gaussian_and_vector_composition():
-    p = MeanParams(1000, 16, 1.0, 0.1, dim=3, neighbours="values", noise="gaussian", delta=1e-6)
+    p = MeanParams(1000, 16, 1.0, 0.1, dim=3, neighbours="values", noise="gaussian", delta=1e-6,
+                   preset="paper")
     cost = p.privacy_cost()
     # ρ/2 to the trees, ρ/2 to the d·(L−1) medians; the total converts back to (ε, δ).
     assert cost["rho"] == pytest.approx(p.rho_total)
     assert cost["epsilon"] == pytest.approx(1.0)
     assert p.tree_sensitivity(2) == pytest.approx(math.sqrt(3) * 2 * p.Delta[2])
-    lap = MeanParams(1000, 16, 1.0, 0.1, dim=3, neighbours="values")
+    lap = MeanParams(1000, 16, 1.0, 0.1, dim=3, neighbours="values", preset="paper")
     # Pure DP, d coordinates: L1 width d·W_ℓ, medians at ε_M/d each (§3.3).
     assert lap.tree_sensitivity(3) == pytest.approx(3 * 2 * lap.Delta[3])
     assert lap.eps_median_coord == pytest.approx(0.125 / 3)
@@ -117,7 +119,7 @@ def _arrivals(order, n_users, m, seed=0):
 @pytest.mark.parametrize("order", ["round_robin", "contiguous", "heavy", "random"])
 def test_claim_c1_and_one_element_per_level(order):
     m, n = 16, 30
-    p = MeanParams(n, m, 1.0, neighbours="values")
+    p = MeanParams(n, m, 1.0, neighbours="values", preset="paper")
     states, per_user_levels = {}, {}
     counts = {}
     N = 0
@@ -212,7 +214,7 @@ def test_noise_off_estimate_is_mean_of_represented_samples_values():
     rng = np.random.default_rng(5)
     n, m = 120, 16
     data, steps = _round_robin_steps(n, m, rng, -3.0, 7.0)
-    cm = ContinualMean(-3.0, 7.0, m, 200.0, max_users=n, neighbours="values", rng=ZeroNoise())
+    cm = ContinualMean(-3.0, 7.0, m, 200.0, max_users=n, neighbours="values", rng=ZeroNoise(), preset="paper")
     for i, batch in enumerate(steps, start=1):
         out = cm.step(batch)
         assert all(cm.active.values())
@@ -227,7 +229,7 @@ def test_noise_off_participation_matches_with_exact_counts():
     rng = np.random.default_rng(6)
     n, m = 200, 8
     data, steps = _round_robin_steps(n, m, rng)
-    cm = ContinualMean(0.0, 1.0, m, 200.0, max_users=n, rng=ZeroNoise())
+    cm = ContinualMean(0.0, 1.0, m, 200.0, max_users=n, rng=ZeroNoise(), preset="paper")
     assert cm.params.neighbours == "participation"
     for i, batch in enumerate(steps, start=1):
         out = cm.step(batch)
@@ -241,7 +243,7 @@ def test_noise_off_participation_matches_with_exact_counts():
 def test_inactive_levels_buffer_until_activation_then_feed_once():
     rng = np.random.default_rng(8)
     n, m = 100, 16
-    cm = ContinualMean(0.0, 1.0, m, 8.0, max_users=n, neighbours="values", rng=ZeroNoise())
+    cm = ContinualMean(0.0, 1.0, m, 8.0, max_users=n, neighbours="values", rng=ZeroNoise(), preset="paper")
     p = cm.params
     order = [u for u in range(n) for _ in range(m)]                     # contiguous: A_ℓ grows slowly
     activated_at = {}
@@ -262,7 +264,7 @@ def test_inactive_levels_buffer_until_activation_then_feed_once():
 
 
 def test_cap_m_ignores_and_counts_and_too_many_users_raises():
-    cm = ContinualMean(0, 1, 4, 1.0, max_users=2, neighbours="values", rng=ZeroNoise())
+    cm = ContinualMean(0, 1, 4, 1.0, max_users=2, neighbours="values", rng=ZeroNoise(), preset="paper")
     for _ in range(6):
         cm.step([("a", 0.5)])
     assert cm.ignored == 2 and cm.users["a"].count == 4
@@ -280,12 +282,12 @@ def test_variance_of_estimate_matches_tree_noise():
     rng = np.random.default_rng(9)
     n, m = 150, 4
     data, steps = _round_robin_steps(n, m, rng)
-    base = ContinualMean(0, 1, m, 200.0, max_users=n, neighbours="values", rng=ZeroNoise())
+    base = ContinualMean(0, 1, m, 200.0, max_users=n, neighbours="values", rng=ZeroNoise(), preset="paper")
     exact = [base.step(b).estimate for b in steps]
     finals, std = [], None
     gen = np.random.default_rng(10)
     for _ in range(1500):
-        cm = ContinualMean(0, 1, m, 200.0, max_users=n, neighbours="values", rng=gen)
+        cm = ContinualMean(0, 1, m, 200.0, max_users=n, neighbours="values", rng=gen, preset="paper")
         for b in steps:
             out = cm.step(b)
         finals.append(out.estimate)
@@ -298,7 +300,7 @@ def test_variance_of_estimate_matches_tree_noise():
 def test_state_round_trip_continues_identically():
     rng = np.random.default_rng(11)
     _, steps = _round_robin_steps(80, 8, rng)
-    a = ContinualMean(0, 1, 8, 50.0, max_users=100, rng=SeededNoise(1))
+    a = ContinualMean(0, 1, 8, 50.0, max_users=100, rng=SeededNoise(1), preset="paper")
     for b in steps[:3]:
         a.step(b)
     from dp_beam.mechanisms.continual_mean import ContinualMeanCore
@@ -335,3 +337,184 @@ def test_baselines_noise_off_are_exact():
         assert a == pytest.approx(np.mean([v for vs in seen.values() for v in vs]))
         rep = [v for vs in seen.values() for v in vs[:represented_count(len(vs), 3)]]
         assert b == pytest.approx(np.mean(rep)) and c == pytest.approx(np.mean(rep))
+
+
+# -- preset "tuned" (the default) ------------------------------------------------------
+
+def test_tuned_defaults_noise_mechanism_and_validation():
+    lap = MeanParams(1000, 64, 1.0, horizon=100)
+    gau = MeanParams(1000, 64, 1.0, delta=1e-6, horizon=100)
+    assert (lap.preset, lap.noise, lap.mechanism) == ("tuned", "laplace", "smooth_binary")
+    assert (gau.noise, gau.mechanism) == ("gaussian", "blt")
+    assert MeanParams(1000, 64, 1.0).mechanism == "tree"                 # Laplace, no horizon
+    assert MeanParams(1000, 64, 1.0, preset="paper", delta=1e-6).mechanism == "tree"
+    assert MeanParams(1000, 64, 1.0, neighbours="values").neighbours == "values"
+    with pytest.raises(ValueError, match="preset"):
+        MeanParams(1000, 64, 1.0, preset="fast")
+    with pytest.raises(ValueError, match="delta"):
+        MeanParams(1000, 64, 1.0, noise="laplace", delta=1e-6)
+
+
+@pytest.mark.parametrize("noise,delta", [("laplace", None), ("gaussian", 1e-6)])
+@pytest.mark.parametrize("neighbours", ["participation", "values"])
+@pytest.mark.parametrize("dim", [1, 3])
+def test_tuned_privacy_cost_is_exact_and_matches_the_trees(noise, delta, neighbours, dim):
+    p = MeanParams(5000, 512, 0.7, delta=delta, neighbours=neighbours, dim=dim, horizon=50)
+    cost = p.privacy_cost()
+    assert cost["epsilon"] == pytest.approx(0.7, rel=1e-12)
+    core = ContinualMeanCore(p, horizon=50, rng=ZeroNoise())
+    trees = list(core.trees.values()) + ([core.count_tree] if core.count_tree is not None else [])
+    # What the mechanisms actually built (their own calibration) adds up to the plan.
+    assert len(trees) == p.n_trees
+    if noise == "laplace":
+        assert sum(tr.epsilon for tr in trees) == pytest.approx(cost["epsilon"], rel=1e-12)
+    else:
+        assert sum(tr.rho for tr in trees) == pytest.approx(cost["rho"], rel=1e-12)
+    assert core.trees["values"].sensitivity == pytest.approx(p.values_sensitivity())
+
+
+def test_tuned_tight_range_and_trivial_levels():
+    part = MeanParams(10_000, 512, 1.0)
+    vals = MeanParams(10_000, 512, 1.0, neighbours="values")
+    assert part.prior_levels == vals.prior_levels and part.median_levels == []
+    for lv in part.levels:
+        s = element_size(lv)
+        if lv in part.prior_levels:
+            # Truncation helps: the centred magnitude is Δ_ℓ < s/2, the width 2Δ_ℓ < s.
+            assert part.element_bound[lv] == part.Delta[lv] < s / 2
+            assert vals.element_bound[lv] == 2 * vals.Delta[lv] < s
+        else:
+            # Skipped (2Δ_ℓ >= s, or ℓ <= 1): the raw range, no prior needed.
+            assert part.element_bound[lv] == s / 2 and vals.element_bound[lv] == s
+    # Participation centring halves every level's sensitivity.
+    assert part.values_sensitivity() == pytest.approx(vals.values_sensitivity() / 2)
+    # Without truncation the single tree would need Σ s_ℓ/2 = 2^{L−1}.
+    assert part.values_sensitivity() < 256
+
+
+def _neighbour_tree_inputs(params, steps, drop_user, prior_index):
+    """Inputs of the value and count trees for a stream, priors forced (conditioning on them)."""
+    core = ContinualMeanCore(params, horizon=len(steps), rng=ZeroNoise())
+    for lv in params.prior_levels:
+        core.active[lv] = True
+        core.prior[lv] = np.array([prior_index[lv]])
+    seen = {"values": [], "count": []}
+    for key, tree in (("values", core.trees["values"]), ("count", core.count_tree)):
+        if tree is None:
+            continue
+        orig = tree.step
+        tree.step = (lambda o, k: (lambda x: (seen[k].append(np.atleast_1d(np.asarray(x, float)).copy()),
+                                               o(x))[1]))(orig, key)
+    users = {}
+    for t, batch in enumerate(steps, start=1):
+        agg = MeanAggregate()
+        for u, x in batch:
+            if u == drop_user:
+                continue
+            st = users.setdefault(u, UserState(uhash=u))
+            if st.count < params.m:
+                agg = agg.merge(contribution(params, st, np.array([x]), step=t))
+        core.step(agg)
+    return {k: np.array(v) for k, v in seen.items()}
+
+
+@pytest.mark.parametrize("neighbours", ["participation", "values"])
+def test_tuned_sensitivity_audit_under_neighbours(neighbours):
+    # Given the priors (the released outputs the trees condition on), removing
+    # one user ("participation") or changing its values ("values") moves the
+    # value tree's input sequence by at most values_sensitivity() in Σ_t ‖·‖₁
+    # (which bounds the L2 form too) and the count tree's by count_sensitivity().
+    rnd = np.random.default_rng(12)
+    p = MeanParams(200, 512, 1.0, neighbours=neighbours, horizon=40)
+    n_users = 30
+    counts = rnd.integers(1, 513, size=n_users)
+    steps = [[] for _ in range(40)]
+    for u in range(n_users):
+        for t in np.sort(rnd.integers(0, 40, size=counts[u])):
+            steps[t].append((u, float(rnd.random())))
+    prior = {lv: int(rnd.integers(0, p.G[lv])) for lv in p.prior_levels}
+    base = _neighbour_tree_inputs(p, steps, None, prior)
+    for victim in range(0, n_users, 3):
+        if neighbours == "participation":
+            other = _neighbour_tree_inputs(p, steps, victim, prior)
+        else:
+            flipped = [[(u, 1.0 - x if u == victim else x) for u, x in b] for b in steps]
+            other = _neighbour_tree_inputs(p, flipped, None, prior)
+        assert np.abs(base["values"] - other["values"]).sum() <= p.values_sensitivity() + 1e-9
+        if neighbours == "participation":
+            moved = np.abs(base["count"] - other["count"]).sum(axis=0)
+            assert np.all(moved <= p.count_weights + 1e-9)
+            assert moved.sum() <= p.count_sensitivity() + 1e-9
+
+
+def test_tuned_prior_is_the_previous_release_rounded_to_the_grid():
+    rnd = np.random.default_rng(13)
+    n, m = 400, 256
+    cm = ContinualMean(0.0, 1.0, m, 5.0, max_users=n, delta=1e-6, horizon=m, rng=SeededNoise(14))
+    p = cm.params
+    assert p.prior_levels and cm.core.store == {}
+    prev = None
+    for t in range(1, m + 1):
+        out = cm.step([(u, 0.2 + 0.2 * rnd.random()) for u in range(n)])
+        for lv in p.prior_levels:
+            if lv in cm.core.prior and cm.active[lv] and (prev is None or not prev[1][lv]):
+                # Activated at step t from the release of step t−1 (post-processing only).
+                assert prev is not None
+                G = p.G[lv]
+                want = min(int(np.floor(np.clip(prev[0], 0, 1) * G)), G - 1)
+                assert cm.core.prior[lv].tolist() == [want]
+        prev = (out.estimate, dict(cm.active))
+    assert all(cm.active.values()) and out.diverse
+    assert cm.core.store == {}                                            # no samples kept
+
+
+@pytest.mark.parametrize("neighbours", ["participation", "values"])
+def test_tuned_noise_off_estimate_is_mean_of_represented_samples(neighbours):
+    # Samples in [0.3, 0.4]: with the exact prior no level sum is clipped.
+    rng = np.random.default_rng(15)
+    n, m = 60, 128
+    data, steps = _round_robin_steps(n, m, rng, 0.3, 0.4)
+    # ZeroNoise draws zeros but states the calibrated std: ε = 50 lets the bound activate.
+    cm = ContinualMean(0.0, 1.0, m, 50.0, max_users=n, neighbours=neighbours, horizon=m, rng=ZeroNoise())
+    assert cm.params.prior_levels == [6, 7]
+    for i, batch in enumerate(steps, start=1):
+        out = cm.step(batch)
+        active_rep = sum(element_size(lv) for lv in out.active if lv <= int(math.log2(i)))
+        expected = np.mean([data[u][:active_rep] for u in range(n)])
+        assert out.estimate == pytest.approx(expected, abs=1e-9)
+    assert all(cm.active.values()) and out.diverse
+
+
+def test_tuned_final_variance_matches_stated_noise_std():
+    # Values relation, data fixed and never clipped (samples in [0.3, 0.4]): the
+    # estimate's randomness is the value tree's Gaussian noise over the exact N,
+    # so Var = noise_std² (stated by the core). The sample variance of R = 600
+    # Gaussian draws has relative s.e. √(2/600) ≈ 0.058; 4 s.e. → 23 %.
+    rng = np.random.default_rng(16)
+    n, m = 40, 128
+    data = {u: rng.uniform(0.3, 0.4, size=m) for u in range(n)}
+    sizes = [1, 1, 2, 4, 8, 16, 32, 64]
+    steps, pos = [], 0
+    for k in sizes:
+        steps.append([(u, data[u][i]) for u in range(n) for i in range(pos, pos + k)])
+        pos += k
+    exact = np.mean([data[u] for u in range(n)])
+    params = MeanParams(n, m, 50.0, neighbours="values", delta=1e-6, horizon=len(steps))
+    # The aggregates do not depend on the noise: build them once, rerun only the core.
+    users, aggs = {}, []
+    for t, b in enumerate(steps, start=1):
+        agg = MeanAggregate()
+        for u, x in b:
+            agg = agg.merge(contribution(params, users.setdefault(u, UserState(uhash=u)), np.array([x]), t))
+        aggs.append(agg)
+    gen = np.random.default_rng(17)
+    finals = []
+    for _ in range(600):
+        core = ContinualMeanCore(params, horizon=len(steps), rng=gen)
+        for agg in aggs:
+            out = core.step(agg)
+        assert all(core.active.values())
+        finals.append(out.estimate)
+    finals = np.array(finals)
+    assert abs(finals.mean() - exact) <= 5 * out.noise_std / math.sqrt(len(finals))
+    assert finals.std() == pytest.approx(out.noise_std, rel=0.23)
