@@ -9,7 +9,7 @@ import pytest
 from dp_beam.mechanisms import SeededNoise, ZeroNoise
 from dp_beam.mechanisms.continual_mean import (
     ContinualMean, ContinualMeanCore, MeanAggregate, MeanParams, MultiTreeMean, NaiveMean,
-    SingleTreeMean, UserState,
+    SingleTreeMean, StepNaiveMean, StepPriorMean, UserState, prior_truncation,
     _contiguous_arrays, _hashed_arrays, contribution, element_size, exponential_mechanism,
     grid, median_cost, quantize, release_level, represented_count, withhold_release)
 
@@ -518,3 +518,51 @@ def test_tuned_final_variance_matches_stated_noise_std():
     finals = np.array(finals)
     assert abs(finals.mean() - exact) <= 5 * out.noise_std / math.sqrt(len(finals))
     assert finals.std() == pytest.approx(out.noise_std, rel=0.23)
+
+
+# -- per-time-step baselines ------------------------------------------------------------
+
+@pytest.mark.parametrize("neighbours", ["participation", "values"])
+@pytest.mark.parametrize("noise,delta", [("laplace", None), ("gaussian", 1e-6)])
+def test_step_naive_mean_noise_off_and_budget(neighbours, noise, delta):
+    rnd = random.Random(4)
+    m, T = 5, 12
+    b = StepNaiveMean(-10.0, 10.0, m, 0.8, neighbours=neighbours, noise=noise, delta=delta,
+                      horizon=T, rng=ZeroNoise())
+    assert b.privacy_cost()["epsilon"] == pytest.approx(0.8, rel=1e-12)
+    # Sensitivity: m per user (values); centred sum m/2 and count m (participation).
+    want = [m] if neighbours == "values" else [m / 2, m]
+    got = [b.sum_tree.sensitivity] + ([b.count_tree.sensitivity] if b.count_tree else [])
+    assert got == want
+    used = {}
+    for _ in range(T):
+        batch = [(rnd.randrange(6), rnd.uniform(-12, 12)) for _ in range(rnd.randrange(0, 5))]
+        est = b.step(batch)
+        for u, x in batch:
+            if len(used.setdefault(u, [])) < m:
+                used[u].append(min(max(x, -10.0), 10.0))
+        flat = [x for xs in used.values() for x in xs]
+        assert est == pytest.approx(np.mean(flat) if flat else 0.0, abs=1e-9)
+
+
+@pytest.mark.parametrize("trees", ["single", "multi"])
+def test_step_prior_mean_noise_off_and_calibration(trees):
+    rnd = random.Random(5)
+    n, m = 20, 8
+    b = StepPriorMean(0.0, 1.0, m, 1.0, prior=0.5, max_users=n, trees=trees, horizon=40, rng=ZeroNoise())
+    E, _, _, W = prior_truncation(n, m)
+    if trees == "single":
+        assert b.trees["all"].sensitivity == pytest.approx(E * max(W.values()))     # eq. (5)
+    else:
+        assert [b.trees[lv].sensitivity for lv in range(E)] == pytest.approx([W[lv] for lv in range(E)])
+        assert all(t.epsilon == pytest.approx(1.0 / E) for t in b.trees.values())  # eq. (7)
+    assert b.privacy_cost()["epsilon"] == pytest.approx(1.0)
+    seen = {}
+    for _ in range(40):
+        batch = [(rnd.randrange(n), rnd.random()) for _ in range(rnd.randrange(1, 6))]
+        est = b.step(batch)
+        for u, x in batch:
+            if len(seen.setdefault(u, [])) < m:
+                seen[u].append(x)
+        rep = [v for vs in seen.values() for v in vs[:represented_count(len(vs), 3)]]
+        assert est == pytest.approx(np.mean(rep), abs=1e-9)     # Δ_ℓ >= 2^{ℓ−1}: nothing clipped
