@@ -1,13 +1,17 @@
 """``ContinualMean``: a user-level mean released every step (seed 003, Algorithm 6).
 
 Shape (DESIGN.md "time model"), spec withhold_release_and_composition.md §2.5,
-§2.9: validate and clamp every event in parallel → per-user withhold-release
-state keyed by user (O(k·d) Beam state per user: one schedule per key the user
-may touch, the cap m, and the projection of every released element for every
-candidate prior) → per-step ``CombinePerKey`` of fixed-size aggregates in
-event-time fixed windows → one ordered release DoFn per stream running the
-core of Algorithm 6 (the L+1 trees, the medians, the count tree under
-participation, and the estimate).
+§2.9: validate and clamp every event in parallel → the per-user withhold-release
+schedule (one per key the user may touch, the cap m, and the projection of
+every released element for every candidate prior) → per-step ``CombinePerKey``
+of fixed-size aggregates → one ordered release DoFn per stream running the core
+of Algorithm 6 (the L+1 trees, the medians, the count tree under participation,
+and the estimate). Unbounded input keeps each user's schedules in one Beam state
+cell (O(k·d) numbers per user) and places aggregates in event-time fixed
+windows; bounded input groups each user's events (``GroupByKey``), runs the
+schedule in event-time order and keys the combine by (key, step), because on
+the batch runners a state cell per user cost more than the schedule itself
+(``benchmarks/mean_throughput.py``).
 
 All DP math lives in :mod:`dp_beam.mechanisms.continual_mean`; this module
 only moves data and splits the budget over keys.
@@ -28,16 +32,16 @@ Keys (``key_fn=``, spec §4 R2/R3)
     user's samples to fall under a single key; a user who may appear under
     several keys (an aircraft flying for two carriers) touches several streams,
     which compose sequentially for that user. So each user keeps at most
-    ``max_keys_per_user`` = k keys (default 1): the first keys of theirs the
-    per-user stage sees, in processing order; events under further keys go to
-    ``.invalid`` ("max_keys_per_user exceeded"). In a streaming run that is
-    arrival order; in batch the order in which one user's events are processed
-    is arbitrary, so *which* keys are kept may differ between runs, but the
-    privacy argument holds for any choice: the choice for a user is made from
-    that user's own events only, and afterwards the user touches at most k
-    streams with at most m samples in each. Each stream is calibrated at ε/k
-    (Laplace; with Gaussian noise at ρ/k, ρ = ρ(ε, δ)), so a user's total over
-    the k streams it may touch is the transform's ε. Every key's ledger entry
+    ``max_keys_per_user`` = k keys (default 1), the first of theirs seen;
+    events under further keys go to ``.invalid`` ("max_keys_per_user
+    exceeded"). "First" is arrival order in a streaming run and event-time
+    order in batch (ties between a user's events of the same event time are
+    broken in arbitrary order, so which keys are kept may then differ between
+    runs). The privacy argument holds for any order: the choice for a user is
+    made from that user's own events only, and afterwards the user touches at
+    most k streams with at most m samples in each. Each stream is calibrated
+    at ε/k (Laplace; with Gaussian noise at ρ/k, ρ = ρ(ε, δ)), so a user's
+    total over the k streams it may touch is at most the transform's ε. Every key's ledger entry
     states that total (k times the stream's own cost), which makes the
     parallel composition of ``CombineAccounting`` (the maximum over a
     transform's keys) report the right per-user charge. Under ``"values"`` the
@@ -57,6 +61,7 @@ Vector values (spec §3.3)
 import datetime
 import math
 import numbers
+import pickle
 from typing import Any, Tuple
 
 import apache_beam as beam
@@ -66,7 +71,7 @@ from apache_beam.coders import PickleCoder
 from apache_beam.metrics import Metrics
 from apache_beam.transforms.userstate import ReadModifyWriteStateSpec
 from apache_beam.transforms.window import FixedWindows, GlobalWindows
-from apache_beam.utils.timestamp import Duration
+from apache_beam.utils.timestamp import Duration, Timestamp
 
 from dp_beam.mechanisms.calibration import eps_from_rho_delta
 from dp_beam.mechanisms.continual_mean import (ContinualMeanCore, MeanAggregate, MeanParams,
@@ -138,7 +143,7 @@ def resolve_bounds(lower, upper, dim=None):
 
 @beam.typehints.with_output_types(Tuple[Any, Any])
 class _PrepareMeanEvents(ValidatingDoFn):
-    """Event time, key, user and value of each event → ``(user, (key, value))`` at its event time.
+    """Event time, key, user and value of each event → ``(user, (key, value, ts))`` at time ``ts``.
 
     ``value`` is clamped to the bounds (a float for d = 1, a tuple of d floats
     otherwise; clamping counted in the ``clamped`` metric). Failing user
@@ -159,6 +164,13 @@ class _PrepareMeanEvents(ValidatingDoFn):
     def _value(self, raw):
         """The clamped value, or ``(None, reason)``."""
         d = self._dim
+        if d == 1 and type(raw) is float and math.isfinite(raw):
+            # The common case, without the generic checks below.
+            lo, hi = self._lo[0], self._hi[0]
+            if raw < lo or raw > hi:
+                self._clamped.inc()
+                return min(max(raw, lo), hi), None
+            return raw, None
         if isinstance(raw, np.ndarray):
             raw = raw.tolist() if raw.ndim == 1 else raw
         if isinstance(raw, (list, tuple)):
@@ -204,30 +216,27 @@ class _PrepareMeanEvents(ValidatingDoFn):
         if err:
             yield self._reject(element, err)
             return
-        yield beam.window.TimestampedValue((user, (key, value)), ts)
+        yield beam.window.TimestampedValue((user, (key, value, ts)), ts)
 
 
-@beam.typehints.with_output_types(Tuple[Any, Any])
-class _WithholdRelease(beam.DoFn):
-    """Per-user schedule (§2.5): ``(user, (key, value))`` → ``(key, MeanAggregate)``.
+class _UserStage(beam.DoFn):
+    """Per-user schedule (§2.5) of one event: the part both per-user stages share.
 
-    State per user, one cell: for each of the at most ``max_keys`` keys the
-    user keeps, the schedule's count, segment sum (d numbers), first step and
-    hash, and the latest event time. A key beyond the first ``max_keys`` of
-    the user, or a sample beyond ``max_samples_per_user`` in a key, goes to
-    ``invalid``. The aggregate is emitted at the latest event time the user has
-    shown in that key, so a released element never lands in a step before one
-    of its own samples (batch input reaches a user in arbitrary order).
+    A user's streams map each key it keeps to ``[UserState, latest event
+    time]``: the schedule's count, segment sum (d numbers), first step and
+    hash. A key beyond the user's first ``max_keys``, or a sample beyond
+    ``max_samples_per_user`` in a key, goes to ``invalid``. A sample's
+    aggregate belongs to the step of the latest event time the user has shown
+    in that key, so a released element never lands in a step before one of
+    its own samples.
     """
 
-    STATE = ReadModifyWriteStateSpec("user", PickleCoder())
-
-    def __init__(self, transform, params, lower, upper, step_seconds, max_keys):
+    def __init__(self, transform, params, lower, upper, step_micros, max_keys):
         self._transform = transform
         self._params = params
         self._lower = np.asarray(lower, dtype=np.float64)
         self._range = np.asarray(upper, dtype=np.float64) - self._lower
-        self._step = step_seconds
+        self._step_micros = step_micros
         self._max_keys = max_keys
         self._over = Metrics.counter(NAMESPACE, f"{transform}.over_contribution")
         self._over_keys = Metrics.counter(NAMESPACE, f"{transform}.over_keys")
@@ -243,37 +252,178 @@ class _WithholdRelease(beam.DoFn):
             self._transform, reason,
             {"user": user, "key": key, "value": list(value) if isinstance(value, tuple) else value}))
 
-    def process(self, element, timestamp=beam.DoFn.TimestampParam,
-                state=beam.DoFn.StateParam(STATE)):
-        user, (key, value) = element
-        streams = state.read()
-        if streams is None:
-            streams = {}
-        p = self._params
-        stored = streams.get(key)
-        if stored is None:
+    def _consume(self, streams, user, key, value, ts):
+        """``(aggregate, latest, step)`` of one event, updating ``streams``; or a rejection."""
+        entry = streams.get(key)
+        if entry is None:
             if len(streams) >= self._max_keys:
-                yield self._reject(self._over_keys,
-                                   f"max_keys_per_user ({self._max_keys}) exceeded for user",
-                                   user, key, value)
-                return
-            ustate, latest = UserState(uhash=user_hash(user)), None
-        else:
-            ustate, latest = UserState.from_tuple(stored[0]), stored[1]
-        if ustate.count >= p.m:
-            yield self._reject(self._over, f"max_samples_per_user ({p.m}) exceeded for user",
-                               user, key, value)
-            return
-        ts = timestamp.micros / 1e6
-        latest = ts if latest is None else max(latest, ts)
+                return self._reject(self._over_keys,
+                                    f"max_keys_per_user ({self._max_keys}) exceeded for user",
+                                    user, key, value)
+            entry = streams[key] = [UserState(uhash=user_hash(user)), None]
+        ustate = entry[0]
+        m = self._params.m
+        if ustate.count >= m:
+            return self._reject(self._over, f"max_samples_per_user ({m}) exceeded for user",
+                                user, key, value)
+        latest = ts if entry[1] is None else max(entry[1], ts)
+        entry[1] = latest
+        # The step of the event-time window Beam would assign (same microsecond rounding).
+        step = Timestamp.of(latest).micros // self._step_micros
         if self._scalar:
             x = np.array([(value - self._lo0) / self._r0])
         else:
             x = (np.asarray(value, dtype=np.float64) - self._lower) / self._range
-        agg = contribution(p, ustate, x, step=int(latest // self._step))
-        streams[key] = (ustate.to_tuple(), latest)
-        state.write(streams)
+        return contribution(self._params, ustate, x, step=step), latest, step
+
+
+@beam.typehints.with_output_types(Tuple[Any, Any])
+class _WithholdRelease(_UserStage):
+    """Streaming per-user stage: ``(user, (key, value, ts))`` → ``(key, MeanAggregate)``.
+
+    All of a user's schedules live in one Beam state cell (O(k·d) numbers);
+    events are taken in arrival order, so a user keeps the first keys it is
+    seen with. The aggregate is stamped with the latest event time, and the
+    step windows downstream place it.
+    """
+
+    STATE = ReadModifyWriteStateSpec("user", PickleCoder())
+
+    def process(self, element, state=beam.DoFn.StateParam(STATE)):
+        user, (key, value, ts) = element
+        stored = state.read() or {}
+        streams = {k: [UserState.from_tuple(t), latest] for k, (t, latest) in stored.items()}
+        out = self._consume(streams, user, key, value, ts)
+        if isinstance(out, pvalue.TaggedOutput):
+            yield out
+            return
+        agg, latest, _ = out
+        stored[key] = (streams[key][0].to_tuple(), latest)
+        state.write(stored)
         yield beam.window.TimestampedValue((key, agg), latest)
+
+
+@beam.typehints.with_output_types(Tuple[Any, Any])
+class _WithholdReleaseBatch(_UserStage):
+    """Bounded per-user stage: ``(user, [(key, value, ts), ...])`` → ``((key, step), MeanAggregate)``.
+
+    All of a user's events arrive together (a ``GroupByKey``), so they are
+    taken in event-time order (ties in arbitrary order): the schedule and the
+    keys a user keeps are those of a stream that arrived in time order. A
+    user's aggregates of one key and step are merged before they leave, and
+    the step is part of the output key, so the combine downstream needs no
+    event-time windows (bounded input has no late data). No Beam state is
+    involved: on the batch runners, loading and measuring a state cell per
+    user cost more than the schedule itself.
+    """
+
+    def process(self, element):
+        user, events = element
+        streams, pending = {}, {}
+        for key, value, ts in sorted(events, key=lambda e: e[2]):
+            out = self._consume(streams, user, key, value, ts)
+            if isinstance(out, pvalue.TaggedOutput):
+                yield out
+                continue
+            agg, _, step = out
+            cur = pending.get(key)
+            if cur is not None and cur[0] == step:
+                _merge_into(cur[1], agg)
+                continue
+            if cur is not None:
+                yield (key, cur[0]), cur[1]
+            pending[key] = [step, agg]
+        for key, (step, agg) in pending.items():
+            yield (key, step), agg
+
+
+@beam.typehints.with_output_types(Tuple[Any, Tuple[int, Any]])
+class _StepEnd(beam.DoFn):
+    """``((key, step), aggregate)`` → ``(key, (step, aggregate))`` stamped at the step's last
+    microsecond, where a windowed combine of the step would have put it."""
+
+    def __init__(self, step_micros):
+        self._step_micros = step_micros
+
+    def process(self, element):
+        (key, step), agg = element
+        yield beam.window.TimestampedValue(
+            (key, (step, agg)), Timestamp(micros=(step + 1) * self._step_micros - 1))
+
+
+class PackedSamples:
+    """The ``(order_key, index, x)`` samples of a :class:`MeanAggregate`, packed for transport.
+
+    The core only iterates over an aggregate's samples (the first 2^{L−1} of
+    every user, kept for the medians of §2.8), so a step's samples can leave
+    a worker as three arrays instead of one tuple and one NumPy array per
+    sample: pickling, decoding and the runners' state-size measurement then
+    cost per step, not per sample (measured: they were most of the
+    transform's time on the flights data). Samples added as triples are kept
+    loose (appending is cheap) and packed when pickled. Iteration yields the
+    triples, ``order_key = (first_step, uhash)`` as Python ints and ``x`` a
+    float64 d-vector; ``+`` and :meth:`extend` concatenate, as the list form does.
+
+    >>> s = PackedSamples([((0, 7), 1, np.array([0.5])), ((0, 7), 2, np.array([0.25]))])
+    >>> s = pickle.loads(pickle.dumps(s)) + [((1, 3), 1, np.array([1.0]))]
+    >>> [(k, i, x.tolist()) for k, i, x in s]
+    [((0, 7), 1, [0.5]), ((0, 7), 2, [0.25]), ((1, 3), 1, [1.0])]
+    """
+
+    __slots__ = ("_chunks", "_loose")
+
+    def __init__(self, triples=(), chunks=()):
+        self._chunks = list(chunks)
+        self._loose = list(triples)
+
+    def _pack(self):
+        if self._loose:
+            loose = self._loose
+            keys = np.array([k for k, _, _ in loose], dtype=np.int64).reshape(-1, 2)
+            idx = np.array([i for _, i, _ in loose], dtype=np.int64)
+            xs = np.array([np.asarray(x, dtype=np.float64).reshape(-1) for _, _, x in loose])
+            self._chunks.append((keys, idx, xs))
+            self._loose = []
+        return self._chunks
+
+    def __len__(self):
+        return sum(len(idx) for _, idx, _ in self._chunks) + len(self._loose)
+
+    def __bool__(self):
+        return bool(self._loose) or any(len(idx) for _, idx, _ in self._chunks)
+
+    def __iter__(self):
+        for keys, idx, xs in self._chunks:
+            for (first, uhash), i, x in zip(keys.tolist(), idx.tolist(), xs):
+                yield (first, uhash), i, x
+        yield from self._loose
+
+    def extend(self, other):
+        if isinstance(other, PackedSamples):
+            if other._chunks:
+                self._pack()
+                self._chunks.extend(other._chunks)
+            self._loose.extend(other._loose)
+        else:
+            self._loose.extend(other)
+
+    def __add__(self, other):
+        out = PackedSamples(self._loose, self._chunks)
+        out.extend(other)
+        return out
+
+    def __radd__(self, other):
+        out = PackedSamples(other)
+        out.extend(self)
+        return out
+
+    def __reduce__(self):
+        chunks = self._pack()
+        if len(chunks) > 1:
+            # One chunk on the wire: a step's samples arrive from many workers.
+            keys, idx, xs = zip(*chunks)
+            chunks[:] = [(np.concatenate(keys), np.concatenate(idx), np.concatenate(xs))]
+        return (PackedSamples, ((), chunks))
 
 
 def _merge_into(acc, agg):
@@ -282,7 +432,8 @@ def _merge_into(acc, agg):
     ``MeanAggregate.merge`` builds a new aggregate and copies the sample list
     each time, which made a step's combine quadratic in its events. Arrays of
     ``agg`` may be stored in ``acc`` but are never modified in place (sums make
-    new arrays), so inputs stay intact.
+    new arrays), so inputs stay intact. ``acc.samples`` must be ``acc``'s own
+    (a fresh list or :class:`PackedSamples`).
     """
     acc.events += agg.events
     for name in ("counts", "low", "proj", "a_inc"):
@@ -296,16 +447,22 @@ def _merge_into(acc, agg):
     return acc
 
 
+def _accumulator():
+    acc = MeanAggregate()
+    acc.samples = PackedSamples()
+    return acc
+
+
 class _MergeAggregates(beam.CombineFn):
 
     def create_accumulator(self):
-        return MeanAggregate()
+        return _accumulator()
 
     def add_input(self, acc, agg):
         return _merge_into(acc, agg)
 
     def merge_accumulators(self, accs):
-        out = MeanAggregate()
+        out = _accumulator()
         for a in accs:
             _merge_into(out, a)
         return out
@@ -395,9 +552,10 @@ class ContinualMean(beam.PTransform):
       epsilon: total privacy parameter per user over all keys (> 0).
       step: step length (seconds or ``timedelta``), epoch-aligned.
       key_fn: optional element → key; one mean stream per key.
-      max_keys_per_user: k, the keys a user may contribute to (first seen in
-        processing order); events under further keys go to ``.invalid``. Each
-        key's stream runs at ε/k (needs ``key_fn`` when > 1).
+      max_keys_per_user: k, the keys a user may contribute to (the first seen:
+        arrival order when streaming, event-time order in batch); events under
+        further keys go to ``.invalid``. Each key's stream runs at ε/k (needs
+        ``key_fn`` when > 1).
       dim: d; ``None`` takes it from sequence bounds (else 1).
       max_users: n, the upper bound on users per stream used by the truncation
         widths (§2.9 eq. (9)); it affects accuracy only, never privacy.
@@ -541,19 +699,30 @@ class ContinualMean(beam.PTransform):
             label, self._value_fn, self._user_fn, self._key_fn, self._timestamp_fn,
             self._lower, self._upper)).with_outputs(INVALID, main="valid")
         invalids = [prepared[INVALID]]
-        per_user = (prepared.valid
-                    | "UserWindow" >> beam.WindowInto(GlobalWindows())
-                    | "WithholdRelease" >> beam.ParDo(_WithholdRelease(
-                        label, self._params, self._lower, self._upper, self._step,
-                        self._max_keys)).with_outputs(INVALID, main="aggregates"))
+        stage = dict(transform=label, params=self._params, lower=self._lower, upper=self._upper,
+                     step_micros=self._step_micros, max_keys=self._max_keys)
+        users = prepared.valid | "UserWindow" >> beam.WindowInto(GlobalWindows())
+        if events.is_bounded:
+            # Batch: a user's events grouped and taken in event-time order; the
+            # step is part of the key, so no event-time windows are needed.
+            per_user = (users
+                        | "PerUser" >> beam.GroupByKey()
+                        | "WithholdRelease" >> beam.ParDo(_WithholdReleaseBatch(**stage))
+                        .with_outputs(INVALID, main="aggregates"))
+            aggregates = (per_user.aggregates
+                          | "PerStep" >> beam.CombinePerKey(_MergeAggregates())
+                          | "StepIndex" >> beam.ParDo(_StepEnd(self._step_micros)))
+        else:
+            per_user = users | "WithholdRelease" >> beam.ParDo(
+                _WithholdRelease(**stage)).with_outputs(INVALID, main="aggregates")
+            aggregates = (per_user.aggregates
+                          | "StepWindows" >> beam.WindowInto(
+                              FixedWindows(self._step),
+                              allowed_lateness=Duration(micros=int(self._allowed_lateness * 1e6)))
+                          | "PerStep" >> beam.CombinePerKey(_MergeAggregates())
+                          | "StepIndex" >> beam.ParDo(_StepOf(self._step_micros))
+                          | "Rewindow" >> beam.WindowInto(GlobalWindows()))
         invalids.append(per_user[INVALID])
-        aggregates = (per_user.aggregates
-                      | "StepWindows" >> beam.WindowInto(
-                          FixedWindows(self._step),
-                          allowed_lateness=Duration(micros=int(self._allowed_lateness * 1e6)))
-                      | "PerStep" >> beam.CombinePerKey(_MergeAggregates())
-                      | "StepIndex" >> beam.ParDo(_StepOf(self._step_micros))
-                      | "Rewindow" >> beam.WindowInto(GlobalWindows()))
         bounded_input = events.is_bounded
         entry = self.plan_entry(label)
         spec = MeanReleaseSpec(label, self._step, self._params, self._lower, self._upper,

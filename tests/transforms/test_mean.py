@@ -388,3 +388,31 @@ def test_bounds_and_dim_errors_name_the_parameter():
                      (dict(lower=0.0, upper=1.0, dim=1.5), "dim")):
         with pytest.raises(ValueError, match=name):
             _mean(**kw)
+
+
+def test_streaming_keys_keep_the_first_keys_in_arrival_order():
+    ev = lambda u, key, ts, v: TimestampedValue({"user": u, "key": key, "ts": ts, "v": v}, ts)
+    stream = (_TestStream()
+              .add_elements([ev("a", "A", 1.0, 10.0), ev("b", "B", 2.0, 0.0)])
+              .add_elements([ev("a", "B", 3.0, 5.0), ev("b", "B", 4.0, 4.0)])   # a: 2nd key
+              .advance_watermark_to(10)
+              .add_elements([ev("a", "A", 12.0, 6.0), ev("c", "A", 13.0, 2.0),
+                             ev("a", "C", 14.0, 1.0)])                       # a: 3rd key
+              .advance_watermark_to(20)
+              .advance_watermark_to_infinity())
+
+    def build(p):
+        res = p | stream | "mean" >> _keyed_mean(2, max_idle_steps=1)
+        return {"releases": res.releases, "accounting": res.accounting, "invalid": res.invalid}
+    out = collect(streaming_options(), build)
+    (bad,) = out["invalid"]
+    assert bad.reason == "max_keys_per_user (2) exceeded for user"
+    assert bad.element == {"user": "a", "key": "C", "value": 1.0}
+    last = {}
+    for r in out["releases"]:
+        if r.key not in last or r.step > last[r.key].step:
+            last[r.key] = r
+    # Noise off, values model: each key's mean of its represented samples.
+    assert last["A"].value == pytest.approx((10.0 + 6.0 + 2.0) / 3)
+    assert last["B"].value == pytest.approx((0.0 + 4.0 + 5.0) / 3)
+    assert sorted(e.key for e in out["accounting"]) == ["A", "B"]
