@@ -426,6 +426,9 @@ class PackedSamples:
         return (PackedSamples, ((), chunks))
 
 
+_MERGED_FIELDS = ("events", "counts", "low", "proj", "a_inc", "samples", "max_count")
+
+
 def _merge_into(acc, agg):
     """Adds ``agg`` into the accumulator ``acc`` in place; ``agg`` is left unchanged.
 
@@ -435,6 +438,12 @@ def _merge_into(acc, agg):
     new arrays), so inputs stay intact. ``acc.samples`` must be ``acc``'s own
     (a fresh list or :class:`PackedSamples`).
     """
+    if MeanAggregate.__slots__ != _MERGED_FIELDS:
+        # A field this in-place merge does not know: the mechanism's own merge.
+        merged = acc.merge(agg)
+        for name in MeanAggregate.__slots__:
+            setattr(acc, name, getattr(merged, name))
+        return acc
     acc.events += agg.events
     for name in ("counts", "low", "proj", "a_inc"):
         mine = getattr(acc, name)
@@ -588,26 +597,28 @@ class ContinualMean(beam.PTransform):
     2 2.0 True
 
     Two keys and 2-dimensional values (each key's stream at ε/2; the ledger
-    entry of each key states the user's whole ε):
+    entry of each key states two streams' worth, the user's whole cost):
 
     >>> events = [{"ts": float(t), "user": f"u{t % 6}", "grp": "ab"[t % 2],
-    ...            "xy": [t % 3, 1.0]} for t in range(20)]
+    ...            "xy": [0.5 + t % 2, 3.0]} for t in range(20)]
     >>> mean = dpb.ContinualMean(user_fn=lambda e: e["user"], value_fn=lambda e: e["xy"],
     ...                          lower=0, upper=[2, 4], max_samples_per_user=4, epsilon=1.0,
     ...                          step=10, key_fn=lambda e: e["grp"], max_keys_per_user=2,
     ...                          timestamp_fn=lambda e: e["ts"], neighbours="values",
     ...                          rng=ZeroNoise())
+    >>> stream_epsilon = mean.params.privacy_cost()["epsilon"]
     >>> with beam.Pipeline(options=PipelineOptions(flags=[], runner="FnApiRunner")) as p:
     ...     out = p | beam.Create(events) | mean
-    ...     ledger = out.accounting | beam.Map(lambda e: ("ledger", e.key, e.scope, e.epsilon))
+    ...     ledger = out.accounting | beam.Map(
+    ...         lambda e: ("ledger", e.key, e.scope, round(e.epsilon / stream_epsilon, 9)))
     ...     last = (out.releases | "last" >> beam.Filter(lambda r: r.step == 1)
     ...             | "values" >> beam.Map(lambda r: ("value", r.key, [round(v, 3) for v in r.value])))
     ...     _ = ((ledger, last) | beam.Flatten() | beam.combiners.ToList()
     ...          | beam.FlatMap(sorted) | beam.Map(print))
-    ('ledger', 'a', 'key', 0.75)
-    ('ledger', 'b', 'key', 0.75)
-    ('value', 'a', [1.0, 1.0])
-    ('value', 'b', [1.0, 1.0])
+    ('ledger', 'a', 'key', 2.0)
+    ('ledger', 'b', 'key', 2.0)
+    ('value', 'a', [0.5, 3.0])
+    ('value', 'b', [1.5, 3.0])
     """
 
     def __init__(self, user_fn, value_fn, lower, upper, max_samples_per_user, epsilon, step, *,
