@@ -286,6 +286,15 @@ PRIOR_RATIO = 1.0
 #: Hoeffding tail). Accuracy only: never data.
 CLIP_TAIL = 0.03
 
+#: Tuned preset, Laplace noise: how the levels share value trees: ``"single"``
+#: (one tree for all levels), ``"split"`` (untruncated levels / truncated
+#: levels) or ``"per_level"`` (the paper's B_ℓ). Gaussian noise always uses one
+#: tree per level (see :class:`MeanParams` "value trees"). Chosen by
+#: measurement (benchmarks/user_mean_accuracy.py): on the flights stream at
+#: ε = 1 the end errors relative to Algorithm 2 were 0.75/0.71 (single),
+#: 0.75/0.99 (split), 1.31/1.39 (per level) under participation/values.
+LAPLACE_TREES = "single"
+
 #: Tuned preset: confidence of the error bound that activates a level (see
 #: :meth:`ContinualMeanCore._update_bound`). Accuracy only: never data.
 PRIOR_CONFIDENCE = 0.95
@@ -355,23 +364,33 @@ class MeanParams:
       step, clipped to [0, 1] and rounded to the public grid ``T_ℓ`` of
       ``G_ℓ = ⌈2·2^{ℓ/2}⌉`` points (the aggregates are projected for every grid
       point, as for the medians). It is post-processing of released outputs,
-      so it costs no budget and needs no sample store; the value tree's
+      so it costs no budget and needs no sample store; the value trees'
       later inputs are then chosen from earlier outputs, the adaptive
       sequential composition (§4 R2) that the count tree's activation
-      already relies on. A level activates at the first step whose previous
-      release has a public error bound ``<= γ_ℓ = θ·H_ℓ/s`` (θ =
+      already relies on (each tree's calibration holds for any prior, since
+      Δ_ℓ does not depend on it). A level activates at the first step whose
+      previous release has a public error bound ``<= γ_ℓ = θ·H_ℓ/s`` (θ =
       :data:`PRIOR_RATIO`); the bound (:meth:`ContinualMeanCore._update_bound`)
       is computed from released values and public constants only, so
-      activation is post-processing too.
-    * *one value tree*. The per-step sum of all levels' (truncated, centred)
-      elements goes into a single continual counter (:meth:`values_sensitivity`).
-      A user puts at most one element into each level, at any steps, so its
-      per-step changes add up to at most ``Σ_ℓ sens_ℓ`` in L1, and by the
-      triangle inequality ``Σ_t ‖x_t − x'_t‖₂ <= Σ_ℓ sens_ℓ``: the sensitivity
-      the counters are calibrated to. Gaussian: the same variance as L+1
-      trees with the optimal ρ_ℓ ∝ sens_ℓ (Σ σ_ℓ² ∝ (Σ sens_ℓ)²/ρ); Laplace:
-      better than any split ε_ℓ (the optimum ε_ℓ ∝ sens_ℓ^{2/3} gives
-      ``(Σ sens_ℓ^{2/3})^{3/2} >= Σ sens_ℓ``).
+      activation is post-processing too. The bound holds with probability
+      about :data:`PRIOR_CONFIDENCE` per activation (not the paper's 1 − β
+      for the whole run): a worse prior shifts I_ℓ and clips more, which
+      costs accuracy, never privacy.
+    * *clamped counts* (participation): the count coordinates are numbers
+      of users or of elements (one per user), so the noisy counts are
+      clamped to [0, n] (post-processing).
+    * *value trees by noise family* (:attr:`tree_groups`). A tree may take the
+      per-step sum of several levels' (truncated, centred) elements: a user
+      puts at most one element into each level, at any steps, so its
+      per-step changes add up to at most ``Σ_ℓ sens_ℓ`` over the tree's levels
+      in L1, and by the triangle inequality ``Σ_t ‖x_t − x'_t‖₂ <= Σ_ℓ sens_ℓ``:
+      the sensitivity the counters are calibrated to (:meth:`group_sensitivity`).
+      Gaussian: one tree per level with ρ_ℓ ∝ sens_ℓ, which minimises
+      Σ σ_ℓ² ∝ Σ sens_ℓ²/ρ_ℓ at (Σ sens_ℓ)²/ρ, the variance of a single tree,
+      while early releases (few active levels) carry only their own levels'
+      noise. Laplace: one tree for all levels (:data:`LAPLACE_TREES`): any
+      split is worse at the end, since the optimal ε_ℓ ∝ sens_ℓ^{2/3} gives
+      ``(Σ sens_ℓ^{2/3})^{3/2} >= Σ sens_ℓ``.
     * *a small count tree* (participation). Untruncated levels share the
       centre ½ per sample, so one coordinate counts their samples in units
       of ``S_u = Σ s_ℓ`` over those levels (a user adds at most 1); each
@@ -381,13 +400,13 @@ class MeanParams:
       of each centre from μ, planned as ``w = S_u·CENTRE_OFFSET`` and
       ``s·(γ_ℓ/4 + 1/(2G_ℓ))``; ``v ∝ √w`` (Gaussian) or ``w^{2/3}`` (Laplace)
       minimises that error.
-    * *budget by use* (data-independent): the value tree and the count tree
+    * *budget by use* (data-independent): the value trees and the count tree
       share ε (Laplace, ∝ effective sensitivity^{2/3}) or ρ (Gaussian, ∝
       effective sensitivity; zCDP composition, the ρ add) as the planned
       error shares above.
-    * *near-optimal counters*: a user enters the value tree at most L+1 times
-      and the calibration above bounds its total change, so any continual
-      counter applies; ``mechanism=None`` picks BLT (Gaussian) or smooth
+    * *near-optimal counters*: a user enters a value tree at most once per
+      level and the calibration above bounds its total change, so any
+      continual counter applies; ``mechanism=None`` picks BLT (Gaussian) or smooth
       binary (Laplace, known horizon).
 
     Why not the private median with tuned constants: under participation the
@@ -397,10 +416,11 @@ class MeanParams:
     participation cost sensitivity 1 needs k of about 640 at ε = 1, so the
     top levels would never activate.
 
-    Budgets are in :attr:`eps_level` / :attr:`rho_level` (keys: levels and
-    ``"count"``) for both presets; :attr:`eps_tree` / :attr:`rho_tree` are the
-    paper's single per-tree values (``preset="paper"``) or the same per-level
-    dicts (``preset="tuned"``).
+    Budgets are in :attr:`eps_level` / :attr:`rho_level` (keys: the index j
+    of value tree ``tree_groups[j]`` — the level itself for the paper's one
+    tree per level — and ``"count"``) for both presets; :attr:`eps_tree` /
+    :attr:`rho_tree` are the paper's single per-tree values
+    (``preset="paper"``) or the same dicts (``preset="tuned"``).
 
     >>> p = MeanParams(1000, 16, 1.0, 0.1, neighbours="values", preset="paper")
     >>> p.L, p.eps_tree, p.eps_median, [p.k[l] for l in (2, 3, 4)]
@@ -474,6 +494,7 @@ class MeanParams:
         self.median_levels = list(range(2, L + 1))
         self.prior_levels = list(self.median_levels)
         n_trees = L + 1 + (1 if self.participation else 0)
+        self.tree_groups = [(lv,) for lv in self.levels]
         # Count tree coordinates: new elements per level, then A_ℓ/2^{ℓ−1} for ℓ = 2..L.
         self.count_groups = [(lv,) for lv in self.levels]
         self.count_unit = [float(element_size(lv)) for lv in self.levels]
@@ -555,15 +576,21 @@ class MeanParams:
 
         lap = self.noise == "laplace"
         power = 2 / 3 if lap else 1.0
-        weight = {"values": self.values_sensitivity() ** power}
+        plain_levels = tuple(lv for lv in self.levels if lv not in self.G)
+        if not lap or LAPLACE_TREES == "per_level":
+            self.tree_groups = [(lv,) for lv in self.levels]
+        elif LAPLACE_TREES == "single" or not self.prior_levels:
+            self.tree_groups = [tuple(self.levels)]
+        else:
+            self.tree_groups = [plain_levels, tuple(self.prior_levels)]
+        weight = {j: self.group_sensitivity(j) ** power for j in range(len(self.tree_groups))}
         if self.participation:
             # Count coordinates: the untruncated levels share the centre ½ per
             # sample, so one coordinate counts their samples (in units of
             # S_u = Σ s_ℓ, at most 1 per user); each truncated level counts its
             # elements (at most 1 per user).
-            plain = tuple(lv for lv in self.levels if lv not in self.G)
-            S_u = float(sum(element_size(lv) for lv in plain))
-            self.count_groups = [plain] + [(lv,) for lv in self.prior_levels]
+            S_u = float(sum(element_size(lv) for lv in plain_levels))
+            self.count_groups = [plain_levels] + [(lv,) for lv in self.prior_levels]
             self.count_unit = [S_u] + [float(element_size(lv)) for lv in self.prior_levels]
             # Planned weight of each coordinate's noise in the estimate: the
             # distance of its centre from μ times its unit. A truncated level's
@@ -604,18 +631,17 @@ class MeanParams:
             return rho_from_eps(self.eps_level[key])
         return self.rho_level[key]
 
-    @property
-    def single_tree(self):
-        """Tuned preset: one value tree fed the per-step sum of all levels' elements."""
-        return self.preset == "tuned"
-
-    def values_sensitivity(self):
-        """Sensitivity of the single value tree (tuned preset): ``Σ_ℓ sens_ℓ``.
+    def group_sensitivity(self, j):
+        """Sensitivity of value tree j, fed the per-step sum of its levels' elements: ``Σ_{ℓ∈group} sens_ℓ``.
 
         A user puts at most one element into each level, at any steps; the
         per-step changes add up to at most ``Σ_ℓ sens_ℓ`` in L1 (Laplace) and,
         by the triangle inequality, ``Σ_t ‖x_t − x'_t‖₂ <= Σ_ℓ sens_ℓ`` (Gaussian),
         which is the sensitivity a continual counter is calibrated to."""
+        return sum(self.tree_sensitivity(lv) for lv in self.tree_groups[j])
+
+    def values_sensitivity(self):
+        """``Σ_ℓ sens_ℓ`` over all levels: the sensitivity one tree for all levels would need."""
         return sum(self.tree_sensitivity(lv) for lv in self.levels)
 
     # Sensitivity of one user's whole contribution to a tree (§1.2 with c_u = 1).
@@ -637,12 +663,7 @@ class MeanParams:
         ``√h·sens_ℓ`` at ρ_ℓ (§1.2).
         """
         levels = self.tree_levels if levels is None else levels
-        if level == "count":
-            sens = self.count_sensitivity()
-        elif level == "values":
-            sens = self.values_sensitivity()
-        else:
-            sens = self.tree_sensitivity(level)
+        sens = self.count_sensitivity() if level == "count" else self.group_sensitivity(level)
         if self.noise == "laplace":
             return levels * sens / self.eps_level[level]
         return math.sqrt(levels) * sens / math.sqrt(2 * self.rho_level[level])
@@ -911,10 +932,10 @@ class ContinualMeanCore:
         self.horizon = horizon
         self.source = make_noise(rng)
         self.t = 0
-        if params.single_tree:
-            self.trees = {"values": self._tree("values", params.values_sensitivity(), params.dim)}
-        else:
-            self.trees = {lv: self._tree(lv, params.tree_sensitivity(lv), params.dim) for lv in params.levels}
+        # Value tree j takes the per-step sum of the elements of the levels in tree_groups[j]
+        # (the paper: one tree B_ℓ per level).
+        self.trees = {j: self._tree(j, params.group_sensitivity(j), params.dim)
+                      for j in range(len(params.tree_groups))}
         self.count_tree = (self._tree("count", self.p.count_sensitivity(), self.p.count_dim)
                            if params.participation else None)
         self.active = {lv: lv not in params.prior_set for lv in params.levels}
@@ -1064,7 +1085,7 @@ class ContinualMeanCore:
         if all(self.active.values()):
             self.store = {}
 
-        total = None
+        totals = {}
         for lv in p.levels:
             x = np.zeros(p.dim)
             if lv not in p.prior_set:
@@ -1078,12 +1099,9 @@ class ContinualMeanCore:
             if p.participation and n_new:
                 # Centre before the tree: presence, not spread, is what a user changes.
                 x = x - n_new * self._centre(lv)
-            if p.single_tree:
-                total = x if total is None else total + x
-            else:
-                self.trees[lv].step(x)
-        if p.single_tree:
-            self.trees["values"].step(total)
+            totals[lv] = x
+        for j, group in enumerate(p.tree_groups):
+            self.trees[j].step(sum(totals[lv] for lv in group))
         return self._output(agg)
 
     def _centre(self, level):
@@ -1100,7 +1118,7 @@ class ContinualMeanCore:
     def _output(self, agg):
         p = self.p
         active = [lv for lv in p.levels if self.active[lv]]
-        tree_keys = ["values"] if p.single_tree else active
+        tree_keys = [j for j, group in enumerate(p.tree_groups) if any(self.active[lv] for lv in group)]
         if not p.participation:
             num = sum(self.trees[key].current() for key in tree_keys)
             den = float(sum(element_size(lv) * self.counts[lv] for lv in active))
@@ -1472,6 +1490,14 @@ class StepNaiveMean:
 
     def step(self, samples=()):
         """Consume one step's ``(user, value)`` pairs; return the estimate in ``[lower, upper]`` units."""
+        return self.release(*self.prepare(samples))
+
+    def prepare(self, samples):
+        """The noise-free part of a step: cap, clamp, rescale; returns ``(sum in [0,1] units, count)``.
+
+        Depends on the data only, so a benchmark can prepare a stream once and
+        :meth:`release` it on fresh instances for each noise draw.
+        """
         total, n = 0.0, 0
         R = float(self.upper[0] - self.lower[0])
         for user, value in samples:
@@ -1482,6 +1508,11 @@ class StepNaiveMean:
             self.counts[user] = c + 1
             total += (min(max(float(value), self.lower[0]), self.upper[0]) - self.lower[0]) / R
             n += 1
+        return total, n
+
+    def release(self, total, n):
+        """Feed one step's prepared ``(sum, count)`` to the counters; return the estimate."""
+        R = float(self.upper[0] - self.lower[0])
         self.N += n
         if self.count_tree is None:
             s = float(np.ravel(self.sum_tree.step(total))[0])
@@ -1565,8 +1596,13 @@ class StepPriorMean:
 
     def step(self, samples=()):
         """Consume one step's ``(user, value)`` pairs; return the estimate in ``[lower, upper]`` units."""
+        return self.release(*self.prepare(samples))
+
+    def prepare(self, samples):
+        """The noise-free part of a step (schedule, truncation): ``(per-tree sums, samples represented)``."""
         R = float(self.upper[0] - self.lower[0])
         sums = {key: 0.0 for key in self.trees}
+        represented = 0
         for user, value in samples:
             st = self.users.setdefault(user, UserState())
             if st.count >= self.m:
@@ -1581,7 +1617,13 @@ class StepPriorMean:
                 c = element_size(lv) * self.prior
                 e = min(max(e, c - self.Delta[lv]), c + self.Delta[lv])
             sums["all" if self.trees_kind == "single" else lv] += e
-            self.N += element_size(lv)
+            represented += element_size(lv)
+        return sums, represented
+
+    def release(self, sums, represented):
+        """Feed one step's prepared sums to the counters; return the estimate."""
+        R = float(self.upper[0] - self.lower[0])
+        self.N += represented
         total = sum(float(np.ravel(self.trees[key].step(v))[0]) for key, v in sums.items())
         est01 = total / self.N if self.N else self.prior
         return float(self.lower[0] + R * est01)

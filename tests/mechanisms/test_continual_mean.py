@@ -370,7 +370,10 @@ def test_tuned_privacy_cost_is_exact_and_matches_the_trees(noise, delta, neighbo
         assert sum(tr.epsilon for tr in trees) == pytest.approx(cost["epsilon"], rel=1e-12)
     else:
         assert sum(tr.rho for tr in trees) == pytest.approx(cost["rho"], rel=1e-12)
-    assert core.trees["values"].sensitivity == pytest.approx(p.values_sensitivity())
+    assert [core.trees[j].sensitivity for j in range(len(p.tree_groups))] == pytest.approx(
+        [p.group_sensitivity(j) for j in range(len(p.tree_groups))])
+    assert sorted(lv for g in p.tree_groups for lv in g) == p.levels      # each level in one tree
+    assert sum(tr.sensitivity for tr in core.trees.values()) == pytest.approx(p.values_sensitivity())
 
 
 def test_tuned_tight_range_and_trivial_levels():
@@ -398,8 +401,8 @@ def _neighbour_tree_inputs(params, steps, drop_user, prior_index):
     for lv in params.prior_levels:
         core.active[lv] = True
         core.prior[lv] = np.array([prior_index[lv]])
-    seen = {"values": [], "count": []}
-    for key, tree in (("values", core.trees["values"]), ("count", core.count_tree)):
+    seen = {key: [] for key in list(core.trees) + ["count"]}
+    for key, tree in list(core.trees.items()) + [("count", core.count_tree)]:
         if tree is None:
             continue
         orig = tree.step
@@ -421,8 +424,8 @@ def _neighbour_tree_inputs(params, steps, drop_user, prior_index):
 @pytest.mark.parametrize("neighbours", ["participation", "values"])
 def test_tuned_sensitivity_audit_under_neighbours(neighbours):
     # Given the priors (the released outputs the trees condition on), removing
-    # one user ("participation") or changing its values ("values") moves the
-    # value tree's input sequence by at most values_sensitivity() in Σ_t ‖·‖₁
+    # one user ("participation") or changing its values ("values") moves each
+    # value tree's input sequence by at most group_sensitivity(j) in Σ_t ‖·‖₁
     # (which bounds the L2 form too) and the count tree's by count_sensitivity().
     rnd = np.random.default_rng(12)
     p = MeanParams(200, 512, 1.0, neighbours=neighbours, horizon=40)
@@ -440,7 +443,8 @@ def test_tuned_sensitivity_audit_under_neighbours(neighbours):
         else:
             flipped = [[(u, 1.0 - x if u == victim else x) for u, x in b] for b in steps]
             other = _neighbour_tree_inputs(p, flipped, None, prior)
-        assert np.abs(base["values"] - other["values"]).sum() <= p.values_sensitivity() + 1e-9
+        for j in range(len(p.tree_groups)):
+            assert np.abs(base[j] - other[j]).sum() <= p.group_sensitivity(j) + 1e-9
         if neighbours == "participation":
             moved = np.abs(base["count"] - other["count"]).sum(axis=0)
             assert np.all(moved <= p.count_weights + 1e-9)
