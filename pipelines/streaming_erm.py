@@ -36,18 +36,20 @@ once per one-day event-time step (``STEP``), in order; a model is released
 whenever a block completes. Defaults for one year (~327k labelled flights):
 
 - b0 = w0 = 8,192 flights (about 9 days): about 40 releases per stream. Each
-  release's noise scales as 1/(λ·b0·ε), and at b0 = 4,096 the continual
-  stream loses several accuracy points to the noise (see
-  ``docs/erm_accuracy.md``); 16,384 halves the noise but releases only ~20
-  times a year.
+  release's noise scales as 1/(λ·b0·ε): at ε = 1 the continual stream is
+  about 1 accuracy point below the non-private model at b0 = 8,192 and about
+  2.5 points below at 4,096; 16,384 gains half a point but releases only ~20
+  times a year (``docs/erm_accuracy.md``).
 - continual (cumulative) stream: base models on all data at t = 2^k·B with
   B = 2·b0 (first release after ~18 days, rather than the paper's B = 8·b0,
   i.e. after ~2.4 months), doubling and single updates in between.
 - sliding window: W = 7 blocks (w = 57,344 flights, about two months; the
   paper's w = 7·w0), first release once the window is full.
-- λ = 0.03 (regulariser λ‖θ − θ_ref‖²): at ε = 1 the noise no longer
-  dominates, while the non-private model loses less than 1 point against
-  λ = 0.01 (benchmark ``benchmarks/erm_accuracy.py``).
+- λ = 0.03 (regulariser λ‖θ − θ_ref‖²): at ε = 1 the noise (∝ 1/λ) no
+  longer dominates, while the non-private model loses less than 1 point
+  against λ = 0.01. Both defaults were picked from the sweeps of
+  ``benchmarks/erm_accuracy.py`` on this same data, which a deployment on
+  private data could not do for free.
 
 Privacy (event level, *replace one flight*; the number of flights is public
 because blocks are count-triggered): ``ContinualERM(epsilon=ε)`` costs ε per
@@ -70,8 +72,8 @@ Outputs, under ``--output``:
   from the public demo data after the run; the private models enter only as
   post-processing.
 
-Run ``python -m pipelines.streaming_erm --output out/erm`` (about two minutes
-on two cores) or ``dp-beam run streaming_erm --output out/erm``;
+Run ``python -m pipelines.streaming_erm --output out/erm`` (about three
+minutes on two cores, half a minute of it the non-private references) or ``dp-beam run streaming_erm --output out/erm``;
 ``--days N`` runs on the first N days with a block size scaled to keep about
 40 blocks (override with ``--block-size``). Unrecognised flags are passed to
 Beam. ``--seed`` is for tests only: with it every step restores the
