@@ -146,14 +146,15 @@ def main(argv=None):
     print(f"{len(events):,} flights ({sum(map(usable, events)):,} with tail number and delay), "
           f"{len(days)} days, runner {args.runner}, median of {args.repeats} runs, "
           f"PipelineDP bounds: {args.pipelinedp_bounds}")
-    rates = {}
-    for name, case in cases.items():
-        times = []
-        for i in range(args.repeats):
+    # Rounds of one run per case, so that a change in the machine's load over
+    # the benchmark touches every case alike.
+    times = {name: [] for name in cases}
+    for i in range(args.repeats):
+        for name, case in cases.items():
             elapsed, outputs = run_once(case, events, days, args.runner)
-            times.append(elapsed)
+            times[name].append(elapsed)
             print(f"  {name:>14} run {i + 1}: {elapsed:7.2f} s, {outputs:,} outputs", flush=True)
-        rates[name] = len(events) / statistics.median(times)
+    rates = {name: len(events) / statistics.median(t) for name, t in times.items()}
     print()
     for name, rate in rates.items():
         print(f"{name:>26}: {rate:10,.0f} events/s")
