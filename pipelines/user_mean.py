@@ -128,8 +128,8 @@ def plot_mean(releases, out_png, truth=None, title=""):
     ``releases`` are release dicts (``MeanRelease`` as JSON) of one stream.
     The vertical range is the clamping range [lower, upper]: the first
     days' bands are far wider and would flatten the rest. Days whose
-    diversity flag is false (the accuracy guarantee does not apply yet) are
-    shaded. Returns the path written.
+    diversity flag is false (the accuracy guarantee does not apply to them)
+    are shaded. Returns the path written.
     """
     import matplotlib
 
@@ -161,7 +161,7 @@ def plot_mean(releases, out_png, truth=None, title=""):
     locator = mdates.AutoDateLocator(minticks=3, maxticks=8)
     ax.xaxis.set_major_locator(locator)
     ax.xaxis.set_major_formatter(mdates.ConciseDateFormatter(locator))
-    ax.set_xlabel("end of day (UTC); grey: diversity condition not met yet")
+    ax.set_xlabel("end of day (UTC); grey: days whose diversity flag is false")
     ax.set_title(title, fontsize=10)
     ax.grid(True, alpha=0.3)
     ax.legend(loc="upper right", fontsize=8)
