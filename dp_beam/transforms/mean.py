@@ -76,7 +76,6 @@ from apache_beam.utils.timestamp import Duration, Timestamp
 from dp_beam.mechanisms.calibration import eps_from_rho_delta
 from dp_beam.mechanisms.continual_mean import (ContinualMeanCore, MeanAggregate, MeanParams,
                                                UserState, contribution, user_hash)
-from dp_beam.mechanisms.registry import default_mechanism
 from dp_beam.records import InvalidElement, LedgerEntry
 from dp_beam.records_mean import MeanRelease
 from dp_beam.transforms.continual import _StepOf, set_release_options
@@ -569,7 +568,13 @@ class ContinualMean(beam.PTransform):
       max_users: n, the upper bound on users per stream used by the truncation
         widths (§2.9 eq. (9)); it affects accuracy only, never privacy.
       beta: failure probability of the accuracy guarantee (§6 A6).
-      noise, delta: ``"laplace"`` or ``"gaussian"`` (needs ``delta``).
+      noise, delta: ``"laplace"`` (pure ε) or ``"gaussian"`` (ρ-zCDP, needs
+        ``delta``); ``None`` (default) means Gaussian when ``delta`` is given,
+        else Laplace.
+      preset: ``"tuned"`` (default) or ``"paper"`` (the spec's constants and
+        Algorithm 7 medians, for reproducing seed 003); see
+        :class:`dp_beam.mechanisms.continual_mean.MeanParams`.
+      median_budget: ``"per_L"`` or ``"per_L_minus_1"`` (§6 A5; ``"paper"`` only).
       horizon: steps per stream or ``None`` (unbounded trees, §1.6 U2).
       timestamp_fn, allowed_lateness, late, max_idle_steps: as ``ContinualCount``.
       mechanism: the continual-counting mechanism of every level's tree (as in
@@ -623,8 +628,8 @@ class ContinualMean(beam.PTransform):
 
     def __init__(self, user_fn, value_fn, lower, upper, max_samples_per_user, epsilon, step, *,
                  key_fn=None, max_keys_per_user=1, dim=None,
-                 max_users=1_000_000, beta=0.1, neighbours="participation", noise="laplace",
-                 delta=None, median_budget="per_L", horizon=None, timestamp_fn=None,
+                 max_users=1_000_000, beta=0.1, neighbours="participation", noise=None,
+                 delta=None, preset="tuned", median_budget=None, horizon=None, timestamp_fn=None,
                  allowed_lateness=datetime.timedelta(days=1), late="defer", max_idle_steps=1024,
                  mechanism=None, rng=None, label=None):
         super().__init__(label)
@@ -649,11 +654,11 @@ class ContinualMean(beam.PTransform):
                                     or horizon < 1):
             raise ValueError(f"horizon must be an int >= 1 or None, got {horizon!r}")
         self._horizon = horizon
-        if mechanism is None:
-            mechanism = default_mechanism(noise, horizon)
         epsilon = _positive_real("epsilon", epsilon)
+        # mechanism=None: MeanParams picks by preset, noise family and horizon.
         kw = dict(dim=self._dim, neighbours=neighbours, noise=noise, delta=delta,
-                  median_budget=median_budget, mechanism=mechanism)
+                  median_budget=median_budget, mechanism=mechanism, horizon=horizon,
+                  preset=preset)
         # The whole budget first: it validates every parameter with its name.
         whole = MeanParams(max_users, max_samples_per_user, epsilon, beta, **kw)
         k = self._max_keys
