@@ -549,12 +549,10 @@ class MeanParams:
     # -- preset "tuned" ---------------------------------------------------------
 
     def _init_tuned(self):
-        L, d = self.L, self.dim
         self.prior = "release"
         self.median_levels = []
         self.eps_median = self.eps_median_coord = None
         self.k = {}
-        self.beta_prior = self.beta / (3 * max(L, 1))
         self.G, self.gamma, self.Delta, self.width, self.element_bound = {}, {}, {}, {}, {}
         self.prior_levels = []
         for level in self.levels:
