@@ -368,7 +368,15 @@ class MeanParams:
       later inputs are then chosen from earlier outputs, the adaptive
       sequential composition (§4 R2) that the count tree's activation
       already relies on (each tree's calibration holds for any prior, since
-      Δ_ℓ does not depend on it). A level activates at the first step whose
+      Δ_ℓ does not depend on it). A continual counter fed such adaptively
+      chosen inputs keeps its guarantee: with independent Laplace node noises
+      (tree, smooth binary; Honaker is post-processing of the tree), the chain
+      rule over the nodes bounds the log-ratio of the output densities by
+      Σ_nodes ε_node·|x_node − x'_node|/sens, at most ε for every history,
+      because the sensitivity bound holds whatever the prior; Gaussian
+      factorisation mechanisms (BLT, the Gaussian tree) are private for
+      adaptively chosen streams with the same ρ (Denisov, McMahan, Rush,
+      Smith, Thakurta 2022, the adaptive-stream theorem). A level activates at the first step whose
       previous release has a public error bound ``<= γ_ℓ = θ·H_ℓ/s`` (θ =
       :data:`PRIOR_RATIO`); the bound (:meth:`ContinualMeanCore._update_bound`)
       is computed from released values and public constants only, so
