@@ -43,7 +43,7 @@ stream (1,348 images). ``continual`` (B = 2·b0), ``independent`` and
 does for MNIST). Sweeps: ε ∈ {1, 10, 100, 1000, 10000} at λ = 0.01, b0 = 256;
 λ ∈ {0.001, 0.01, 0.1, 1} and b0 ∈ {64, 128, 256} at ε = 1000. With correct
 calibration (L2-Laplace noise of norm ≈ p·b, p = 650 parameters, L = 2 from
-‖x‖ ≤ 1) the models are at chance level up to ε ≈ 100 on 1,347 images; the
+‖x‖ ≤ 1) the models are near chance level up to ε ≈ 100 on 1,348 images; the
 paper's trends appear above that.
 
 Usage (from the repository root)::
@@ -58,7 +58,6 @@ sweep. Its numbers are a smoke test, not results.
 """
 
 import argparse
-import math
 import multiprocessing
 import os
 import sys
@@ -437,6 +436,7 @@ def trend_lines(rows):
 
 def write_markdown(path, rows, plan, seeds, elapsed, argv, plot_path):
     fl, dg = plan["flights"], plan["digits"]
+    p_digits, n_digits = DATA["digits"]["loss"].n_params, len(DATA["digits"]["y"])
     cmd = "python benchmarks/erm_accuracy.py " + " ".join(argv)
     doc = f"""# Accuracy of private continual and sliding-window ERM
 
@@ -480,8 +480,8 @@ defaults of the `streaming_erm` job: the noise of every continual update is
 release frequency (b0 = 8,192 is about 9 days of flights).
 
 **Digits** (scikit-learn `load_digits`, the stand-in for MNIST: 1,797 8×8
-images, 10 classes, softmax, p = 650 parameters). Pixels / 16, each image
-scaled to unit norm; a fixed 25 % test set, the remaining 1,347 images in a
+images, 10 classes, softmax, p = {p_digits} parameters). Pixels / 16, each image
+scaled to unit norm; a fixed 25 % test set, the remaining {n_digits:,} images in a
 fixed random order as the stream; each model scored on the test set. Sweeps
 around λ = {dg['lam']:g}, b0 = {dg['b0']}: ε ∈ {{{', '.join(f'{e:g}' for e in dg['eps'])}}};
 λ and b0 at ε = {dg['sweep_eps']:g}.
@@ -515,7 +515,7 @@ Noise against signal at the defaults (computed by the script):
   ε = 0.1 on MNIST. With the corrected calibration the L2-Laplace noise of a
   release has norm ≈ p·b, b = 8L/(λ·b0·ε) for a continual update, which at
   small ε is larger than the weights themselves (lines above); on digits
-  (p = 650, 1,348 images) the models stay near chance until ε is in the
+  (p = {p_digits}, {n_digits:,} images) the models stay near chance until ε is in the
   hundreds. This is the spec's reproduction note (§1.11) made concrete.
 - The independent-block baseline adds *less* noise per model than a
   continual update at the same ε: 2L/(λ·b0·ε) against 8L/(λ·b0·ε) (a
