@@ -51,10 +51,10 @@ Usage (from the repository root)::
     python benchmarks/erm_accuracy.py [--quick] [--seeds 4] [--jobs 1]
         [--plot docs/img/erm_accuracy.png] [--markdown docs/erm_accuracy.md]
 
-The default run takes about 13 minutes on one core (``--jobs 2`` runs the
-seeds in two processes); ``--quick`` takes about a minute: the first 60 days
-of flights with b0 = 2,048, the ε sweep only, 2 seeds, and a smaller digits
-sweep. Its numbers are a smoke test, not results.
+The default run took 7 to 14 minutes on a shared two-core machine, depending
+on its load (``--jobs 2`` runs the seeds in two processes); ``--quick`` takes
+about a minute: the first 60 days of flights with b0 = 2,048, the ε sweep
+only, 2 seeds, and a smaller digits sweep. Its numbers are a smoke test, not results.
 """
 
 import argparse
@@ -448,8 +448,8 @@ python benchmarks/erm_accuracy.py [--quick] [--seeds 4] [--jobs 1] \\
     [--plot docs/img/erm_accuracy.png] [--markdown docs/erm_accuracy.md]
 ```
 
-The default run takes about 13 minutes on one core; `--quick` (about a minute)
-is a smoke test on 60 days of flights.
+The default run took 7 to 14 minutes on a shared two-core machine, depending
+on its load; `--quick` (about a minute) is a smoke test on 60 days of flights.
 
 ## Method
 
