@@ -72,7 +72,7 @@ Outputs, under ``--output``:
   from the public demo data after the run; the private models enter only as
   post-processing.
 
-Run ``python -m pipelines.streaming_erm --output out/erm`` (about three
+Run ``python -m pipelines.streaming_erm --output out/erm`` (two to three
 minutes on two cores, half a minute of it the non-private references) or ``dp-beam run streaming_erm --output out/erm``;
 ``--days N`` runs on the first N days with a block size scaled to keep about
 40 blocks (override with ``--block-size``). Unrecognised flags are passed to
