@@ -64,14 +64,17 @@ class LogProgress(beam.DoFn):
     worker); the totals over all workers are the Beam metrics logged at the end.
     """
 
-    def __init__(self, what, describe=None, interval=PROGRESS_SECONDS):
+    def __init__(self, what, describe=None, interval=PROGRESS_SECONDS, logger=_LOG.name):
         self._what = what
         self._describe = describe
         self._interval = interval
+        # A name, not a Logger: the DoFn is pickled to the workers.
+        self._logger = logger
 
     def setup(self):
         self._n = 0
         self._last = None
+        self._log = logging.getLogger(self._logger)
 
     def process(self, element):
         self._n += 1
@@ -79,7 +82,7 @@ class LogProgress(beam.DoFn):
         if self._last is None or now - self._last >= self._interval:
             self._last = now
             detail = f" (latest: {self._describe(element)})" if self._describe else ""
-            _LOG.info("%s: %d so far on this worker%s", self._what, self._n, detail)
+            self._log.info("%s: %d so far on this worker%s", self._what, self._n, detail)
         yield element
 
 

@@ -219,7 +219,7 @@ def _build(p, config, output_dir):
               | "flights file" >> beam.Create([flights_csv_path()])
               | "read flights" >> beam.FlatMap(read_flights, limit_days=config.days)
               | "event time" >> beam.Map(departure_time)
-              | "progress events" >> beam.ParDo(LogProgress("flights read")))
+              | "progress events" >> beam.ParDo(LogProgress("flights read", logger=_LOG.name)))
     common = dict(features_fn=flight_features, label_fn=arrived_late, classes=CLASSES,
                   n_features=N_FEATURES, feature_bound=FEATURE_BOUND, lam=config.lam,
                   epsilon=config.epsilon, block_size=config.block_size, step=STEP,
@@ -237,7 +237,8 @@ def _build(p, config, output_dir):
     paths = {name: _join(output_dir, f"{name}.jsonl")
              for name in ("models", "ledger", "report", "invalid")}
     models = ((continual.releases, sliding.releases) | "merge models" >> beam.Flatten()
-              | "progress models" >> beam.ParDo(LogProgress("models released", _describe_model)))
+              | "progress models" >> beam.ParDo(
+                  LogProgress("models released", _describe_model, logger=_LOG.name)))
     models | "write models" >> dpb.io.WriteReleases(paths["models"])
     ((continual.accounting, sliding.accounting) | "merge ledger" >> beam.Flatten()
      | "write ledger" >> dpb.io.WriteLedger(paths["ledger"]))

@@ -72,7 +72,7 @@ def _build(p, epsilon, output_dir, limit_days=None, seed=None):
               | "flights file" >> beam.Create([flights_csv_path()])
               | "read flights" >> beam.FlatMap(read_flights, limit_days=limit_days)
               | "event time" >> beam.Map(departure_time)
-              | "progress events" >> beam.ParDo(LogProgress("events read")))
+              | "progress events" >> beam.ParDo(LogProgress("events read", logger=_LOG.name)))
     mean = events | LABEL >> dpb.ContinualMean(
         user_fn=aircraft, value_fn=delay_minutes, lower=DELAY_LOWER, upper=DELAY_UPPER,
         max_samples_per_user=MAX_SAMPLES_PER_USER, epsilon=epsilon, step=STEP,
@@ -83,7 +83,7 @@ def _build(p, epsilon, output_dir, limit_days=None, seed=None):
     paths = {name: _join(output_dir, f"{name}.jsonl")
              for name in ("releases", "ledger", "report", "invalid")}
     releases = mean.releases | "progress releases" >> beam.ParDo(
-        LogProgress("days released", _describe_release))
+        LogProgress("days released", _describe_release, logger=_LOG.name))
     for name, pcoll in (("releases", releases), ("ledger", mean.accounting),
                         ("report", report), ("invalid", mean.invalid)):
         pcoll | f"write {name}" >> dpb.io.WriteJsonLines(paths[name])
