@@ -18,22 +18,19 @@ portable runner. ``--output`` may be a ``gs://`` folder (Beam's GCS filesystem).
 """
 
 import argparse
-import json
 import logging
 import os
 import sys
-import time
 from collections import defaultdict
 from datetime import datetime, timedelta, timezone
 
 import apache_beam as beam
-from apache_beam.io.filesystems import FileSystems
-from apache_beam.metrics.metric import MetricsFilter
 from apache_beam.options.pipeline_options import PipelineOptions
-from apache_beam.runners.runner import PipelineState
 
 import dp_beam as dpb
 from pipelines.flights import flights_csv_path, load_flights
+from pipelines.jobs import (LogProgress, join_path, output_dir, print_dead_letters_and_budget,
+                           read_jsonl, run)
 
 STEP = timedelta(hours=1)
 DELAY_LOWER, DELAY_UPPER = -30, 120
@@ -54,47 +51,11 @@ def read_flights(path, limit_days=None):
 
 
 _LOG = logging.getLogger("dp_beam.jobs.continual_count")
-PROGRESS_SECONDS = 10.0
-
-
-class LogProgress(beam.DoFn):
-    """Passes elements through, logging a running count at most every few seconds.
-
-    Counts are per worker instance (a distributed run logs one line per
-    worker); the totals over all workers are the Beam metrics logged at the end.
-    """
-
-    def __init__(self, what, describe=None, interval=PROGRESS_SECONDS, logger=_LOG.name):
-        self._what = what
-        self._describe = describe
-        self._interval = interval
-        # A name, not a Logger: the DoFn is pickled to the workers.
-        self._logger = logger
-
-    def setup(self):
-        self._n = 0
-        self._last = None
-        self._log = logging.getLogger(self._logger)
-
-    def process(self, element):
-        self._n += 1
-        now = time.monotonic()
-        if self._last is None or now - self._last >= self._interval:
-            self._last = now
-            detail = f" (latest: {self._describe(element)})" if self._describe else ""
-            self._log.info("%s: %d so far on this worker%s", self._what, self._n, detail)
-        yield element
 
 
 def _describe_release(release):
     end = datetime.fromtimestamp(release.window_end, tz=timezone.utc)
     return f"{release.transform!r} step {release.step} ending {end:%Y-%m-%d %H:%M} UTC"
-
-
-def _join(directory, name):
-    # FileSystems.join keeps the scheme of gs:// and other remote folders.
-    return FileSystems.join(directory, name) if "://" in directory else os.path.join(
-        directory, name)
 
 
 def build(p, epsilon, output_dir, limit_days=None, seed=None):
@@ -122,7 +83,7 @@ def _build(p, epsilon, output_dir, limit_days=None, seed=None):
     report = ((count.accounting, delay.accounting)
               | "check budget" >> dpb.CombineAccounting(budget))
 
-    paths = {name: _join(output_dir, f"{name}.jsonl")
+    paths = {name: join_path(output_dir, f"{name}.jsonl")
              for name in ("releases", "ledger", "report", "invalid")}
     outputs = {
         "releases": (count.releases, delay.releases),
@@ -161,20 +122,6 @@ def running_truth(flights, step_seconds):
     return truth
 
 
-def read_jsonl(path):
-    # FileSystems reads local and gs:// paths alike.
-    with FileSystems.open(path) as fh:
-        return [json.loads(line) for line in fh.read().decode("utf-8").splitlines()
-                if line.strip()]
-
-
-def ledger_epsilon(entries):
-    """Total ε per privacy unit of ledger lines read back from JSON (dp_beam's composition)."""
-    fields = dpb.LedgerEntry._fields
-    records = [dpb.LedgerEntry(**{k: v for k, v in e.items() if k in fields}) for e in entries]
-    return {r.unit: r.epsilon for r in dpb.accounting.compose(records) if r.epsilon is not None}
-
-
 def summarise(paths, elapsed, out=None):
     # Resolved per call: a default bound at import would keep a replaced stream.
     out = out or sys.stdout
@@ -187,21 +134,7 @@ def summarise(paths, elapsed, out=None):
     print(f"wall time: {elapsed:.1f} s", file=out)
     for name, n in sorted(steps.items()):
         print(f"steps released by {name!r}: {n}", file=out)
-    reasons = defaultdict(int)
-    for rec in invalid:
-        reasons[(rec["transform"], rec["reason"])] += rec.get("count", 1)
-    print(f"invalid events: {sum(reasons.values())}", file=out)
-    for (name, reason), n in sorted(reasons.items()):
-        print(f"  {name!r}: {reason}: {n}", file=out)
-    for unit, eps in sorted(ledger_epsilon(ledger).items()):
-        print(f"total epsilon from the ledger ({unit}-level): {eps:g}", file=out)
-    for rep in read_jsonl(paths["report"]):
-        if rep["transforms"]:
-            verdict = "within" if rep["within_budget"] else "OVER"
-            print(f"budget check ({rep['unit']}-level): epsilon {rep['epsilon']:g} of "
-                  f"{rep['budget_epsilon']:g}, {verdict} budget", file=out)
-        elif rep.get("note"):
-            print(f"budget check ({rep['unit']}-level): {rep['note']}", file=out)
+    print_dead_letters_and_budget(invalid, ledger, paths["report"], out)
 
 
 def make_parser():
@@ -231,19 +164,10 @@ def parse_args(argv):
     return make_parser().parse_known_args(argv)
 
 
-def _output_dir(path, create=True):
-    if "://" in path:
-        return path.rstrip("/")
-    path = os.path.abspath(path)
-    if create:
-        os.makedirs(path, exist_ok=True)
-    return path
-
-
 def _construct(args, beam_args, create_output=True):
     options = PipelineOptions(beam_args, runner=args.runner)
     p = beam.Pipeline(options=options)
-    paths, accountings, budget = _build(p, args.epsilon, _output_dir(args.output, create_output),
+    paths, accountings, budget = _build(p, args.epsilon, output_dir(args.output, create_output),
                                         limit_days=args.days, seed=args.seed)
     return p, paths, accountings, budget
 
@@ -266,33 +190,12 @@ def build_pipeline(argv):
     return p, accountings, budget
 
 
-def log_metrics(result):
-    """Logs the dp_beam counters of a finished run (totals over all workers)."""
-    try:
-        counters = result.metrics().query(MetricsFilter().with_namespace("dp_beam"))["counters"]
-    except Exception:  # some runners do not report metrics; progress is informational only
-        return
-    for c in sorted(counters, key=lambda c: c.key.metric.name):
-        if c.committed or c.attempted:
-            _LOG.info("metric %s = %s", c.key.metric.name,
-                      c.committed if c.committed is not None else c.attempted)
-
-
 def main(argv=None):
     args, beam_args = parse_args(argv)
-    start = time.perf_counter()
     p, paths, _, _ = _construct(args, beam_args)
-    _LOG.info("running continual_count on %s; outputs under %s", args.runner,
-              os.path.dirname(paths["releases"]))
-    result = p.run()
-    if args.no_wait:
-        _LOG.info("submitted; not waiting for the job to finish")
+    elapsed = run(p, "continual_count", args.runner, paths, args.no_wait, _LOG)
+    if elapsed is None:
         return paths
-    state = result.wait_until_finish()
-    if state is not None and state != PipelineState.DONE:
-        raise RuntimeError(f"the pipeline ended in state {state}")
-    elapsed = time.perf_counter() - start
-    log_metrics(result)
     if "://" in paths["releases"]:
         summarise(paths, elapsed)
         print("plot: skipped for a remote output; render it with `dp-beam report`")

@@ -94,12 +94,11 @@ from types import SimpleNamespace
 import apache_beam as beam
 import numpy as np
 from apache_beam.options.pipeline_options import PipelineOptions
-from apache_beam.runners.runner import PipelineState
 
 import dp_beam as dpb
 from dp_beam.mechanisms import erm as erm_mech
-from pipelines.continual_count import (LogProgress, _join, _output_dir, ledger_epsilon,
-                                       log_metrics, read_jsonl)
+from pipelines.jobs import (LogProgress, join_path, output_dir, print_dead_letters_and_budget,
+                           read_jsonl, run)
 from pipelines.flights import flights_csv_path, load_delay_flights
 
 STEP = timedelta(days=1)
@@ -234,7 +233,7 @@ def _build(p, config, output_dir):
     report = ((continual.accounting, sliding.accounting)
               | "check budget" >> dpb.CombineAccounting(budget))
 
-    paths = {name: _join(output_dir, f"{name}.jsonl")
+    paths = {name: join_path(output_dir, f"{name}.jsonl")
              for name in ("models", "ledger", "report", "invalid")}
     models = ((continual.releases, sliding.releases) | "merge models" >> beam.Flatten()
               | "progress models" >> beam.ParDo(
@@ -373,7 +372,7 @@ def parse_args(argv):
 def _construct(args, beam_args, create_output=True):
     options = PipelineOptions(beam_args, runner=args.runner)
     p = beam.Pipeline(options=options)
-    paths, accountings, budget = _build(p, args, _output_dir(args.output, create_output))
+    paths, accountings, budget = _build(p, args, output_dir(args.output, create_output))
     return p, paths, accountings, budget
 
 
@@ -410,19 +409,8 @@ def summarise(paths, elapsed, n_input, rows=None, out=None):
     for name, ms in sorted(per.items()):
         print(f"models released by {name!r}: {len(ms)} (last at t = {max(m['t'] for m in ms)})",
               file=out)
-    reasons = defaultdict(int)
-    for rec in invalid:
-        reasons[(rec["transform"], rec["reason"])] += rec.get("count", 1)
-    print(f"invalid flights (both transforms): {sum(reasons.values())}", file=out)
-    for (name, reason), n in sorted(reasons.items()):
-        print(f"  {name!r}: {reason}: {n}", file=out)
-    for unit, eps in sorted(ledger_epsilon(ledger).items()):
-        print(f"total epsilon from the ledger ({unit}-level): {eps:g}", file=out)
-    for rep in read_jsonl(paths["report"]):
-        if rep["transforms"]:
-            verdict = "within" if rep["within_budget"] else "OVER"
-            print(f"budget check ({rep['unit']}-level): epsilon {rep['epsilon']:g} of "
-                  f"{rep['budget_epsilon']:g}, {verdict} budget", file=out)
+    print_dead_letters_and_budget(invalid, ledger, paths["report"], out,
+                                  noun="flights (both transforms)")
     by = defaultdict(list)
     for r in rows or []:
         by[r["transform"]].append(r)
@@ -437,17 +425,10 @@ def main(argv=None):
     args, beam_args = parse_args(argv)
     start = time.perf_counter()
     p, paths, _, _ = _construct(args, beam_args)
-    _LOG.info("running streaming_erm on %s (b0=%d, B=%d blocks, window=%d blocks, λ=%g, ε=%g "
-              "per stream); outputs under %s", args.runner, args.block_size, args.base_blocks,
-              args.window_blocks, args.lam, args.epsilon, os.path.dirname(paths["models"]))
-    result = p.run()
-    if args.no_wait:
-        _LOG.info("submitted; not waiting for the job to finish")
+    _LOG.info("streaming_erm: b0=%d, B=%d blocks, window=%d blocks, λ=%g, ε=%g per stream",
+              args.block_size, args.base_blocks, args.window_blocks, args.lam, args.epsilon)
+    if run(p, "streaming_erm", args.runner, paths, args.no_wait, _LOG) is None:
         return paths
-    state = result.wait_until_finish()
-    if state is not None and state != PipelineState.DONE:
-        raise RuntimeError(f"the pipeline ended in state {state}")
-    log_metrics(result)
     if "://" in paths["models"] or args.no_plot:
         summarise(paths, time.perf_counter() - start, None)
         return paths

@@ -28,17 +28,15 @@ Unrecognised flags are passed to Beam (``--runner PortableRunner ...``);
 import argparse
 import logging
 import os
-import time
 from collections import defaultdict
 from datetime import datetime, timedelta, timezone
 
 import apache_beam as beam
 from apache_beam.options.pipeline_options import PipelineOptions
-from apache_beam.runners.runner import PipelineState
 
 import dp_beam as dpb
-from pipelines.continual_count import (LogProgress, _join, _output_dir, departure_time,
-                                       log_metrics, read_flights, read_jsonl, summarise)
+from pipelines.continual_count import departure_time, read_flights, summarise
+from pipelines.jobs import LogProgress, join_path, output_dir, read_jsonl, run
 from pipelines.flights import flights_csv_path, load_flights
 
 STEP = timedelta(days=1)
@@ -80,7 +78,7 @@ def _build(p, epsilon, output_dir, limit_days=None, seed=None):
     budget = dpb.Budget(epsilon=epsilon)
     report = mean.accounting | "check budget" >> dpb.CombineAccounting(budget)
 
-    paths = {name: _join(output_dir, f"{name}.jsonl")
+    paths = {name: join_path(output_dir, f"{name}.jsonl")
              for name in ("releases", "ledger", "report", "invalid")}
     releases = mean.releases | "progress releases" >> beam.ParDo(
         LogProgress("days released", _describe_release, logger=_LOG.name))
@@ -201,7 +199,7 @@ def parse_args(argv):
 def _construct(args, beam_args, create_output=True):
     options = PipelineOptions(beam_args, runner=args.runner)
     p = beam.Pipeline(options=options)
-    paths, accountings, budget = _build(p, args.epsilon, _output_dir(args.output, create_output),
+    paths, accountings, budget = _build(p, args.epsilon, output_dir(args.output, create_output),
                                         limit_days=args.days, seed=args.seed)
     return p, paths, accountings, budget
 
@@ -225,19 +223,10 @@ def build_pipeline(argv):
 
 def main(argv=None):
     args, beam_args = parse_args(argv)
-    start = time.perf_counter()
     p, paths, _, _ = _construct(args, beam_args)
-    _LOG.info("running user_mean on %s; outputs under %s", args.runner,
-              os.path.dirname(paths["releases"]))
-    result = p.run()
-    if args.no_wait:
-        _LOG.info("submitted; not waiting for the job to finish")
+    elapsed = run(p, "user_mean", args.runner, paths, args.no_wait, _LOG)
+    if elapsed is None:
         return paths
-    state = result.wait_until_finish()
-    if state is not None and state != PipelineState.DONE:
-        raise RuntimeError(f"the pipeline ended in state {state}")
-    elapsed = time.perf_counter() - start
-    log_metrics(result)
     summarise(paths, elapsed)
     releases = read_jsonl(paths["releases"])
     truth = running_truth(load_flights(limit_days=args.days)) if args.truth else None

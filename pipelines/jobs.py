@@ -1,0 +1,131 @@
+"""Plumbing shared by the jobs in ``pipelines/``: paths, progress, running, summaries.
+
+Not a job itself (no ``main``/``build_pipeline``), so ``dp-beam jobs`` does
+not list it.
+"""
+
+import json
+import logging
+import os
+import time
+from collections import defaultdict
+
+import apache_beam as beam
+from apache_beam.io.filesystems import FileSystems
+from apache_beam.metrics.metric import MetricsFilter
+from apache_beam.runners.runner import PipelineState
+
+import dp_beam as dpb
+
+PROGRESS_SECONDS = 10.0
+_LOG = logging.getLogger("dp_beam.jobs")
+
+
+class LogProgress(beam.DoFn):
+    """Passes elements through, logging a running count at most every few seconds.
+
+    Counts are per worker instance (a distributed run logs one line per
+    worker); the totals over all workers are the Beam metrics logged at the end.
+    """
+
+    def __init__(self, what, describe=None, interval=PROGRESS_SECONDS, logger=_LOG.name):
+        self._what = what
+        self._describe = describe
+        self._interval = interval
+        # A name, not a Logger: the DoFn is pickled to the workers.
+        self._logger = logger
+
+    def setup(self):
+        self._n = 0
+        self._last = None
+        self._log = logging.getLogger(self._logger)
+
+    def process(self, element):
+        self._n += 1
+        now = time.monotonic()
+        if self._last is None or now - self._last >= self._interval:
+            self._last = now
+            detail = f" (latest: {self._describe(element)})" if self._describe else ""
+            self._log.info("%s: %d so far on this worker%s", self._what, self._n, detail)
+        yield element
+
+
+def join_path(directory, name):
+    # FileSystems.join keeps the scheme of gs:// and other remote folders.
+    return FileSystems.join(directory, name) if "://" in directory else os.path.join(
+        directory, name)
+
+
+def output_dir(path, create=True):
+    """A remote folder as given, a local one absolute (and created unless ``create`` is False)."""
+    if "://" in path:
+        return path.rstrip("/")
+    path = os.path.abspath(path)
+    if create:
+        os.makedirs(path, exist_ok=True)
+    return path
+
+
+def read_jsonl(path):
+    # FileSystems reads local and gs:// paths alike.
+    with FileSystems.open(path) as fh:
+        return [json.loads(line) for line in fh.read().decode("utf-8").splitlines()
+                if line.strip()]
+
+
+def ledger_epsilon(entries):
+    """Total ε per privacy unit of ledger lines read back from JSON (dp_beam's composition)."""
+    fields = dpb.LedgerEntry._fields
+    records = [dpb.LedgerEntry(**{k: v for k, v in e.items() if k in fields}) for e in entries]
+    return {r.unit: r.epsilon for r in dpb.accounting.compose(records) if r.epsilon is not None}
+
+
+def log_metrics(result, logger=_LOG):
+    """Logs the dp_beam counters of a finished run (totals over all workers)."""
+    try:
+        counters = result.metrics().query(MetricsFilter().with_namespace("dp_beam"))["counters"]
+    except Exception:  # some runners do not report metrics; progress is informational only
+        return
+    for c in sorted(counters, key=lambda c: c.key.metric.name):
+        if c.committed or c.attempted:
+            logger.info("metric %s = %s", c.key.metric.name,
+                        c.committed if c.committed is not None else c.attempted)
+
+
+def run(p, name, runner, paths, no_wait, logger=_LOG):
+    """Runs a constructed job; returns its wall time in seconds, or None when not waiting.
+
+    Raises ``RuntimeError`` when the pipeline ends in any state but DONE.
+    """
+    start = time.perf_counter()
+    logger.info("running %s on %s; outputs under %s", name, runner,
+                os.path.dirname(next(iter(paths.values()))))
+    result = p.run()
+    if no_wait:
+        logger.info("submitted; not waiting for the job to finish")
+        return None
+    state = result.wait_until_finish()
+    if state is not None and state != PipelineState.DONE:
+        raise RuntimeError(f"the pipeline ended in state {state}")
+    elapsed = time.perf_counter() - start
+    log_metrics(result, logger)
+    return elapsed
+
+
+def print_dead_letters_and_budget(invalid, ledger, report_path, out, noun="events"):
+    """Dead letters per transform and reason, the ledger's ε per unit and the budget check."""
+    reasons = defaultdict(int)
+    for rec in invalid:
+        reasons[(rec["transform"], rec["reason"])] += rec.get("count", 1)
+    print(f"invalid {noun}: {sum(reasons.values())}", file=out)
+    for (name, reason), n in sorted(reasons.items()):
+        print(f"  {name!r}: {reason}: {n}", file=out)
+    for unit, eps in sorted(ledger_epsilon(ledger).items()):
+        print(f"total epsilon from the ledger ({unit}-level): {eps:g}", file=out)
+    for rep in read_jsonl(report_path):
+        if rep["transforms"]:
+            verdict = "within" if rep["within_budget"] else "OVER"
+            print(f"budget check ({rep['unit']}-level): epsilon {rep['epsilon']:g} of "
+                  f"{rep['budget_epsilon']:g}, {verdict} budget", file=out)
+        elif rep.get("note"):
+            print(f"budget check ({rep['unit']}-level): {rep['note']}", file=out)
