@@ -30,7 +30,7 @@ from apache_beam.options.pipeline_options import PipelineOptions
 import dp_beam as dpb
 from pipelines.flights import flights_csv_path, load_flights
 from pipelines.jobs import (LogProgress, join_path, output_dir, print_dead_letters_and_budget,
-                           read_jsonl, run)
+                           plan_only, read_jsonl, run)
 
 STEP = timedelta(hours=1)
 DELAY_LOWER, DELAY_UPPER = -30, 120
@@ -172,22 +172,9 @@ def _construct(args, beam_args, create_output=True):
     return p, paths, accountings, budget
 
 
-PLAN_ONLY_OUTPUT = "unused-plan-only-output"
-
-
 def build_pipeline(argv):
-    """Constructs the job without running it: ``(pipeline, {label: accounting}, budget)``.
-
-    Construction already checks the plan against the budget (``ValueError``
-    when over); ``dp-beam plan`` prints the plan from these. Nothing is
-    written, so ``--output`` may be left out.
-    """
-    argv = list(argv)
-    if not any(a == "--output" or a.startswith("--output=") for a in argv):
-        argv += ["--output", PLAN_ONLY_OUTPUT]
-    args, beam_args = parse_args(argv)
-    p, _, accountings, budget = _construct(args, beam_args, create_output=False)
-    return p, accountings, budget
+    """Constructs the job without running it: ``(pipeline, {label: accounting}, budget)``."""
+    return plan_only(argv, parse_args, _construct)
 
 
 def main(argv=None):

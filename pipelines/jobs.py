@@ -129,3 +129,21 @@ def print_dead_letters_and_budget(invalid, ledger, report_path, out, noun="event
                   f"{rep['budget_epsilon']:g}, {verdict} budget", file=out)
         elif rep.get("note"):
             print(f"budget check ({rep['unit']}-level): {rep['note']}", file=out)
+
+
+PLAN_ONLY_OUTPUT = "unused-plan-only-output"
+
+
+def plan_only(argv, parse_args, construct):
+    """A job's ``build_pipeline``: ``(pipeline, {label: accounting}, budget)``, nothing run.
+
+    Construction already checks the plan against the budget (``ValueError``
+    when over); ``dp-beam plan`` prints the plan from these. Nothing is
+    written, so ``--output`` may be left out.
+    """
+    argv = list(argv)
+    if not any(a == "--output" or a.startswith("--output=") for a in argv):
+        argv += ["--output", PLAN_ONLY_OUTPUT]
+    args, beam_args = parse_args(argv)
+    p, _, accountings, budget = construct(args, beam_args, create_output=False)
+    return p, accountings, budget

@@ -98,7 +98,7 @@ from apache_beam.options.pipeline_options import PipelineOptions
 import dp_beam as dpb
 from dp_beam.mechanisms import erm as erm_mech
 from pipelines.jobs import (LogProgress, join_path, output_dir, print_dead_letters_and_budget,
-                           read_jsonl, run)
+                           plan_only, read_jsonl, run)
 from pipelines.flights import flights_csv_path, load_delay_flights
 
 STEP = timedelta(days=1)
@@ -376,21 +376,9 @@ def _construct(args, beam_args, create_output=True):
     return p, paths, accountings, budget
 
 
-PLAN_ONLY_OUTPUT = "unused-plan-only-output"
-
-
 def build_pipeline(argv):
-    """Constructs the job without running it: ``(pipeline, {label: accounting}, budget)``.
-
-    Construction checks the plan against the budget (``ValueError`` when
-    over); ``dp-beam plan streaming_erm`` prints it. Nothing is written.
-    """
-    argv = list(argv)
-    if not any(a == "--output" or a.startswith("--output=") for a in argv):
-        argv += ["--output", PLAN_ONLY_OUTPUT]
-    args, beam_args = parse_args(argv)
-    p, _, accountings, budget = _construct(args, beam_args, create_output=False)
-    return p, accountings, budget
+    """Constructs the job without running it: ``(pipeline, {label: accounting}, budget)``."""
+    return plan_only(argv, parse_args, _construct)
 
 
 def summarise(paths, elapsed, n_input, rows=None, out=None):

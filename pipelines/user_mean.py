@@ -36,7 +36,7 @@ from apache_beam.options.pipeline_options import PipelineOptions
 
 import dp_beam as dpb
 from pipelines.continual_count import departure_time, read_flights, summarise
-from pipelines.jobs import LogProgress, join_path, output_dir, read_jsonl, run
+from pipelines.jobs import LogProgress, join_path, output_dir, plan_only, read_jsonl, run
 from pipelines.flights import flights_csv_path, load_flights
 
 STEP = timedelta(days=1)
@@ -204,21 +204,9 @@ def _construct(args, beam_args, create_output=True):
     return p, paths, accountings, budget
 
 
-PLAN_ONLY_OUTPUT = "unused-plan-only-output"
-
-
 def build_pipeline(argv):
-    """Constructs the job without running it: ``(pipeline, {label: accounting}, budget)``.
-
-    Construction checks the plan against the budget; nothing is written, so
-    ``--output`` may be left out.
-    """
-    argv = list(argv)
-    if not any(a == "--output" or a.startswith("--output=") for a in argv):
-        argv += ["--output", PLAN_ONLY_OUTPUT]
-    args, beam_args = parse_args(argv)
-    p, _, accountings, budget = _construct(args, beam_args, create_output=False)
-    return p, accountings, budget
+    """Constructs the job without running it: ``(pipeline, {label: accounting}, budget)``."""
+    return plan_only(argv, parse_args, _construct)
 
 
 def main(argv=None):
