@@ -69,11 +69,7 @@ class _PreparePoints(ValidatingDoFn):
         self._clipped = Metrics.counter(NAMESPACE, f"{transform}.clipped")
 
     def process(self, element, timestamp=beam.DoFn.TimestampParam):
-        ts, err = self._event_time(element, timestamp)
-        if err:
-            yield self._reject(element, err)
-            return
-        key, err = self._key(element)
+        ts, key, err = self._time_and_key(element, timestamp)
         if err:
             yield self._reject(element, err)
             return

@@ -41,8 +41,9 @@ def as_real(value):
 class ValidatingDoFn(beam.DoFn):
     """Shared input validation of the transforms' first stage.
 
-    Subclasses call :meth:`_event_time` and :meth:`_key` and send failures to
-    ``invalid`` with :meth:`_reject`; user functions run through
+    Subclasses call :meth:`_time_and_key` (and :meth:`_user` where there is a
+    privacy unit) and send failures to ``invalid`` with :meth:`_reject`; user
+    functions run through
     :meth:`_call`, so an exception in one of them rejects the element instead
     of failing the job. Counts rejections in the ``<transform>.invalid`` metric.
     """
@@ -89,6 +90,23 @@ class ValidatingDoFn(beam.DoFn):
             return None, err or "key_fn returned None"
         return key, None
 
+    def _time_and_key(self, element, timestamp):
+        """``(seconds, key, None)``, or ``(None, None, reason)``: every transform's first checks."""
+        ts, err = self._event_time(element, timestamp)
+        if err:
+            return None, None, err
+        key, err = self._key(element)
+        if err:
+            return None, None, err
+        return ts, key, None
+
+    def _user(self, element, user_fn):
+        """``(user, None)``, or ``(None, reason)`` when ``user_fn`` raises or returns None."""
+        user, err = self._call("user_fn", user_fn, element)
+        if err or user is None:
+            return None, err or "user_fn returned None"
+        return user, None
+
 
 @beam.typehints.with_output_types(Tuple[Any, Any])
 class PrepareEvents(ValidatingDoFn):
@@ -112,19 +130,15 @@ class PrepareEvents(ValidatingDoFn):
         self._clamped = Metrics.counter(NAMESPACE, f"{transform}.clamped")
 
     def process(self, element, timestamp=beam.DoFn.TimestampParam):
-        ts, err = self._event_time(element, timestamp)
-        if err:
-            yield self._reject(element, err)
-            return
-        key, err = self._key(element)
+        ts, key, err = self._time_and_key(element, timestamp)
         if err:
             yield self._reject(element, err)
             return
         user = None
         if self._user_fn is not None:
-            user, err = self._call("user_fn", self._user_fn, element)
-            if err or user is None:
-                yield self._reject(element, err or "user_fn returned None")
+            user, err = self._user(element, self._user_fn)
+            if err:
+                yield self._reject(element, err)
                 return
 
         if self._value_fn is None:

@@ -195,17 +195,13 @@ class _PrepareMeanEvents(ValidatingDoFn):
         return (out[0] if d == 1 else tuple(out)), None
 
     def process(self, element, timestamp=beam.DoFn.TimestampParam):
-        ts, err = self._event_time(element, timestamp)
+        ts, key, err = self._time_and_key(element, timestamp)
         if err:
             yield self._reject(element, err)
             return
-        key, err = self._key(element)
+        user, err = self._user(element, self._user_fn)
         if err:
             yield self._reject(element, err)
-            return
-        user, err = self._call("user_fn", self._user_fn, element)
-        if err or user is None:
-            yield self._reject(element, err or "user_fn returned None")
             return
         raw, err = self._call("value_fn", self._value_fn, element)
         if err:
