@@ -36,16 +36,13 @@ import argparse
 import os
 import statistics
 import sys
-import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import apache_beam as beam  # noqa: E402
-from apache_beam.metrics.metric import MetricsFilter  # noqa: E402
-from apache_beam.options.pipeline_options import PipelineOptions  # noqa: E402
 
 import dp_beam as dpb  # noqa: E402
-from benchmarks.throughput import NAMESPACE, CountSink, CreateEvents, event_time  # noqa: E402
+from benchmarks.throughput import run_once  # noqa: E402
 from pipelines.flights import load_flights  # noqa: E402
 
 DAY = 86400
@@ -105,21 +102,6 @@ def pipeline_dp_mean(bounds):
     return build
 
 
-def run_once(case, events, days, runner):
-    """Wall time of building and running one pipeline, and what reached the sink."""
-    start = time.perf_counter()
-    p = beam.Pipeline(options=PipelineOptions([], runner=runner))
-    stamped = (p | "events" >> CreateEvents(events, reshuffle=False)
-               | "event time" >> beam.Map(event_time))
-    case(stamped, days) | "sink" >> beam.ParDo(CountSink())
-    result = p.run()
-    result.wait_until_finish()
-    elapsed = time.perf_counter() - start
-    counters = result.metrics().query(MetricsFilter().with_namespace(NAMESPACE))["counters"]
-    outputs = sum(c.committed or c.attempted or 0 for c in counters)
-    return elapsed, outputs
-
-
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--events", type=int, default=None,
@@ -151,7 +133,8 @@ def main(argv=None):
     times = {name: [] for name in cases}
     for i in range(args.repeats):
         for name, case in cases.items():
-            elapsed, outputs = run_once(case, events, days, args.runner)
+            elapsed, outputs = run_once(lambda stamped: case(stamped, days), events,
+                                        args.runner)
             times[name].append(elapsed)
             print(f"  {name:>14} run {i + 1}: {elapsed:7.2f} s, {outputs:,} outputs", flush=True)
     rates = {name: len(events) / statistics.median(t) for name, t in times.items()}

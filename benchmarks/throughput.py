@@ -88,8 +88,11 @@ def make_events(n, payload):
     return flights
 
 
-def run_once(case, events, runner):
-    """Wall time of building and running one pipeline, and what reached the sink."""
+def run_once(build, events, runner):
+    """Wall time of building and running one pipeline, and what reached the sink.
+
+    ``build`` turns the event-stamped PCollection into the case's output.
+    """
     start = time.perf_counter()
     # Empty flags: with None, Beam would parse this script's own sys.argv.
     p = beam.Pipeline(options=PipelineOptions([], runner=runner))
@@ -97,7 +100,7 @@ def run_once(case, events, runner):
     # and only dilute the difference being measured.
     stamped = (p | "events" >> CreateEvents(events, reshuffle=False)
                | "event time" >> beam.Map(event_time))
-    CASES[case](stamped) | "sink" >> beam.ParDo(CountSink())
+    build(stamped) | "sink" >> beam.ParDo(CountSink())
     result = p.run()
     result.wait_until_finish()
     elapsed = time.perf_counter() - start
@@ -124,7 +127,7 @@ def main(argv=None):
     for case in CASES:
         times = []
         for i in range(args.repeats):
-            elapsed, outputs = run_once(case, events, args.runner)
+            elapsed, outputs = run_once(CASES[case], events, args.runner)
             times.append(elapsed)
             print(f"  {case:>14} run {i + 1}: {elapsed:7.2f} s, {outputs:,} outputs", flush=True)
         rates[case] = len(events) / statistics.median(times)
