@@ -17,7 +17,6 @@ so ``--runner PortableRunner --job_endpoint ...`` runs the same job on a
 portable runner. ``--output`` may be a ``gs://`` folder (Beam's GCS filesystem).
 """
 
-import argparse
 import logging
 import os
 import sys
@@ -29,7 +28,7 @@ from apache_beam.options.pipeline_options import PipelineOptions
 
 import dp_beam as dpb
 from pipelines.flights import flights_csv_path, load_flights
-from pipelines.jobs import (LogProgress, join_path, output_dir, print_dead_letters_and_budget,
+from pipelines.jobs import (LogProgress, job_parser, join_path, output_dir, print_dead_letters_and_budget,
                            plan_only, read_jsonl, run)
 
 STEP = timedelta(hours=1)
@@ -138,25 +137,10 @@ def summarise(paths, elapsed, out=None):
 
 
 def make_parser():
-    parser = argparse.ArgumentParser(
-        prog="continual_count", description=__doc__.split("\n\n")[0],
-        epilog="Any other --flag is a Beam pipeline option (runner, workers, GCP project...).")
-    parser.add_argument("--output", required=True,
-                        help="folder for the outputs: a local path or gs://bucket/folder")
+    parser = job_parser("continual_count", __doc__.split("\n\n")[0])
     parser.add_argument("--epsilon", type=float, default=1.0, help="total privacy budget")
-    parser.add_argument("--days", type=int, default=None,
-                        help="use only the first N days of 2013 (quick runs)")
     parser.add_argument("--truth", action="store_true",
                         help="also plot the non-private values (public demo data only)")
-    parser.add_argument("--runner", default="FnApiRunner",
-                        help="Beam runner; pinned because the default one tries to download "
-                             "a binary first")
-    parser.add_argument("--seed", type=int, default=None,
-                        help="TESTS ONLY: derive all noise from this seed (releases are then "
-                             "NOT private); default: secure noise from OS entropy")
-    parser.add_argument("--no_wait", "--no-wait", action="store_true",
-                        help="submit the job and return without waiting, summary or plot "
-                             "(what a Dataflow Flex Template launcher needs)")
     return parser
 
 

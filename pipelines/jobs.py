@@ -4,6 +4,7 @@ Not a job itself (no ``main``/``build_pipeline``), so ``dp-beam jobs`` does
 not list it.
 """
 
+import argparse
 import json
 import logging
 import os
@@ -147,3 +148,30 @@ def plan_only(argv, parse_args, construct):
     args, beam_args = parse_args(argv)
     p, _, accountings, budget = construct(args, beam_args, create_output=False)
     return p, accountings, budget
+
+
+def job_parser(prog, description):
+    """An argument parser with the options every job has.
+
+    ``--output``, ``--days``, ``--runner`` (pinned: Beam's default runner
+    tries to download a binary first), ``--seed`` (tests only) and
+    ``--no_wait``; the job adds its own. Unknown flags are left for Beam
+    (``parse_known_args``).
+    """
+    parser = argparse.ArgumentParser(
+        prog=prog, description=description,
+        epilog="Any other --flag is a Beam pipeline option (runner, workers, GCP project...).")
+    parser.add_argument("--output", required=True,
+                        help="folder for the outputs: a local path or gs://bucket/folder")
+    parser.add_argument("--days", type=int, default=None,
+                        help="use only the first N days of 2013 (quick runs)")
+    parser.add_argument("--runner", default="FnApiRunner",
+                        help="Beam runner; pinned because the default one tries to download "
+                             "a binary first")
+    parser.add_argument("--seed", type=int, default=None,
+                        help="TESTS ONLY: derive all noise from this seed (releases are then "
+                             "NOT private); default: secure noise from OS entropy")
+    parser.add_argument("--no_wait", "--no-wait", action="store_true",
+                        help="submit the job and return without waiting, summary or plot "
+                             "(what a Dataflow Flex Template launcher needs)")
+    return parser

@@ -81,7 +81,6 @@ mechanisms from their state, which grows with the history, so keep such runs
 short.
 """
 
-import argparse
 import json
 import logging
 import math
@@ -97,7 +96,7 @@ from apache_beam.options.pipeline_options import PipelineOptions
 
 import dp_beam as dpb
 from dp_beam.mechanisms import erm as erm_mech
-from pipelines.jobs import (LogProgress, join_path, output_dir, print_dead_letters_and_budget,
+from pipelines.jobs import (LogProgress, job_parser, join_path, output_dir, print_dead_letters_and_budget,
                            plan_only, read_jsonl, run)
 from pipelines.flights import flights_csv_path, load_delay_flights
 
@@ -328,11 +327,7 @@ def plot_accuracy(rows, ts, out_png, title):
 # ------------------------------------------------------------------ command line
 
 def make_parser():
-    parser = argparse.ArgumentParser(
-        prog="streaming_erm", description=__doc__.split("\n\n")[0],
-        epilog="Any other --flag is a Beam pipeline option (runner, workers, GCP project...).")
-    parser.add_argument("--output", required=True,
-                        help="folder for the outputs: a local path or gs://bucket/folder")
+    parser = job_parser("streaming_erm", __doc__.split("\n\n")[0])
     parser.add_argument("--epsilon", type=float, default=EPSILON,
                         help="privacy parameter of EACH stream (event level); default 1")
     parser.add_argument("--budget", type=float, default=None,
@@ -345,18 +340,8 @@ def make_parser():
                         default=BASE_BLOCKS, help="continual base size B in blocks")
     parser.add_argument("--window-blocks", "--window_blocks", dest="window_blocks", type=int,
                         default=WINDOW_BLOCKS, help="sliding window in blocks (2^k − 1)")
-    parser.add_argument("--days", type=int, default=None,
-                        help="use only the first N days of 2013 (quick runs)")
-    parser.add_argument("--runner", default="FnApiRunner",
-                        help="Beam runner; pinned because the default one tries to download "
-                             "a binary first")
-    parser.add_argument("--seed", type=int, default=None,
-                        help="TESTS ONLY: derive all noise from this seed (models are then "
-                             "NOT private); default: secure noise from OS entropy")
     parser.add_argument("--no-plot", "--no_plot", dest="no_plot", action="store_true",
                         help="skip the accuracy evaluation and plot")
-    parser.add_argument("--no_wait", "--no-wait", action="store_true",
-                        help="submit the job and return without waiting, summary or plot")
     return parser
 
 

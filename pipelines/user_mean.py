@@ -25,7 +25,6 @@ Unrecognised flags are passed to Beam (``--runner PortableRunner ...``);
 ``--output`` may be a ``gs://`` folder.
 """
 
-import argparse
 import logging
 import os
 from collections import defaultdict
@@ -36,7 +35,7 @@ from apache_beam.options.pipeline_options import PipelineOptions
 
 import dp_beam as dpb
 from pipelines.continual_count import departure_time, read_flights, summarise
-from pipelines.jobs import LogProgress, join_path, output_dir, plan_only, read_jsonl, run
+from pipelines.jobs import LogProgress, job_parser, join_path, output_dir, plan_only, read_jsonl, run
 from pipelines.flights import flights_csv_path, load_flights
 
 STEP = timedelta(days=1)
@@ -170,25 +169,11 @@ def plot_mean(releases, out_png, truth=None, title=""):
 
 
 def make_parser():
-    parser = argparse.ArgumentParser(
-        prog="user_mean", description=__doc__.split("\n\n")[0],
-        epilog="Any other --flag is a Beam pipeline option (runner, workers, GCP project...).")
-    parser.add_argument("--output", required=True,
-                        help="folder for the outputs: a local path or gs://bucket/folder")
+    parser = job_parser("user_mean", __doc__.split("\n\n")[0])
     parser.add_argument("--epsilon", type=float, default=1.0,
                         help="privacy budget per aircraft over the whole run")
-    parser.add_argument("--days", type=int, default=None,
-                        help="use only the first N days of 2013 (quick runs)")
     parser.add_argument("--truth", action="store_true",
                         help="also plot the non-private running mean (public demo data only)")
-    parser.add_argument("--runner", default="FnApiRunner",
-                        help="Beam runner; pinned because the default one tries to download "
-                             "a binary first")
-    parser.add_argument("--seed", type=int, default=None,
-                        help="TESTS ONLY: derive all noise from this seed (releases are then "
-                             "NOT private); default: secure noise from OS entropy")
-    parser.add_argument("--no_wait", "--no-wait", action="store_true",
-                        help="submit the job and return without waiting, summary or plot")
     return parser
 
 
