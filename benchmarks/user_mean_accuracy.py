@@ -98,8 +98,9 @@ def routes_steps():
 
     A second real stream with few users (223 routes, up to ~11,000 flights each,
     capped at m): the regime where the spec measured the paper's constants 2.4×
-    worse than Algorithm 2. The CSV is read with :func:`pipelines.flights.read_flights_csv` for its ``dest``
-    column; times as in :func:`pipelines.flights.load_flights`.
+    worse than Algorithm 2. The CSV is read with
+    :func:`pipelines.flights.read_flights_csv` for its ``dest`` column; times as
+    in :func:`pipelines.flights.load_flights`.
     """
     from pipelines.flights import _scheduled_departure_epoch, read_flights_csv
 
