@@ -157,6 +157,15 @@ def _stream_kwargs(data, eps, lam, b0, seed, method):
                 feature_bound=loss.feature_bound, lam=lam, rng=_rng(seed, method, eps, lam, b0))
 
 
+def _stream(method, name, cfg, b0, kwargs):
+    """The continual or sliding-window stream of a run and the times its models are scored."""
+    if method == "continual":
+        return (erm.ContinualERM(base_size=cfg["base_blocks"] * b0, **kwargs),
+                set(eval_times(name, b0, cfg["base_blocks"])))
+    return (erm.SlidingWindowERM(window=cfg["window_blocks"] * b0, **kwargs),
+            set(eval_times(name, b0, cfg["window_blocks"])))
+
+
 def run_task(task):
     """One private run: ``(task, {t: accuracy})``."""
     name, method, eps, lam, b0, seed, cfg = task
@@ -174,12 +183,7 @@ def run_task(task):
             out[t] = _accuracy(loss, params, *_test_set(data, t, b0))
         return task, out
     kwargs = _stream_kwargs(data, eps, lam, b0, seed, method)
-    if method == "continual":
-        stream = erm.ContinualERM(base_size=cfg["base_blocks"] * b0, **kwargs)
-        wanted = set(eval_times(name, b0, cfg["base_blocks"]))
-    else:
-        stream = erm.SlidingWindowERM(window=cfg["window_blocks"] * b0, **kwargs)
-        wanted = set(eval_times(name, b0, cfg["window_blocks"]))
+    stream, wanted = _stream(method, name, cfg, b0, kwargs)
     for rel in stream.extend(data["X"], data["y"]):
         if rel.t in wanted:
             out[rel.t] = _accuracy(loss, rel.params, *_test_set(data, rel.t, b0))
@@ -220,12 +224,7 @@ def noise_free(name, method, lam, b0, cfg):
         kwargs = dict(epsilon=1.0, block_size=b0, n_features=loss.n_features,
                       classes=list(data["classes"]), feature_bound=loss.feature_bound, lam=lam,
                       rng=ZeroNoise())
-        if method == "continual":
-            stream = erm.ContinualERM(base_size=cfg["base_blocks"] * b0, **kwargs)
-            wanted = set(eval_times(name, b0, cfg["base_blocks"]))
-        else:
-            stream = erm.SlidingWindowERM(window=cfg["window_blocks"] * b0, **kwargs)
-            wanted = set(eval_times(name, b0, cfg["window_blocks"]))
+        stream, wanted = _stream(method, name, cfg, b0, kwargs)
         _REPLAYS[key] = {rel.t: _accuracy(loss, rel.params, *_test_set(data, rel.t, b0))
                          for rel in stream.extend(data["X"], data["y"]) if rel.t in wanted}
     return _REPLAYS[key]
