@@ -116,6 +116,7 @@ Budget split (§2.9 "Privacy budget split"; ``preset="paper"``)
     (``ε_m = √(ρ/(d(L−1)))``, each ``ε_m²/2``-zCDP).
 """
 
+import functools
 import hashlib
 import math
 import numbers
@@ -273,11 +274,23 @@ def withhold_release(state, x, top, store_upto, step=0):
 #: Parameter presets of :class:`MeanParams` (see its docstring).
 PRESETS = ("tuned", "paper")
 
-#: Tuned preset: accuracy target of a level's prior, as a fraction θ of the
-#: level's Hoeffding truncation term (γ_ℓ·2^{ℓ−1} = θ·H_ℓ). Smaller θ narrows
-#: I_ℓ but activates the level later; chosen by measurement
+#: Tuned preset: the candidates for θ, the accuracy target of a level's prior
+#: as a multiple of the level's Hoeffding truncation term (γ_ℓ·2^{ℓ−1} =
+#: θ·H_ℓ). Smaller θ narrows I_ℓ but needs a more precise prior, so the level
+#: activates later or, with few users, never; ``math.inf`` gives no level a
+#: prior. :class:`MeanParams` takes the candidate of least planned error
+#: (:meth:`MeanParams.planned_error`, public inputs only). On the flights
+#: stream θ = 1 measured best, on the routes stream (223 users) larger θ
 #: (benchmarks/user_mean_accuracy.py).
-PRIOR_RATIO = 1.0
+PRIOR_RATIOS = (1.0, 1.5, 2.0, 3.0, math.inf)
+
+#: Tuned preset: the step count at which :meth:`MeanParams.planned_error`
+#: evaluates the counters' noise when the horizon is unbounded (None).
+PLAN_HORIZON = 1024
+
+#: Tuned preset: the user counts, as fractions of ``max_users``, the plan of θ
+#: hedges over (see :class:`MeanParams` "level plan").
+PLAN_USER_FRACTIONS = (1.0, 0.5)
 
 #: Tuned preset: per-element clipping tail. I_ℓ's Hoeffding term is
 #: ``H_ℓ = √(s·ln(1/CLIP_TAIL)/2)``, so an i.i.d. level sum leaves
@@ -303,6 +316,16 @@ PRIOR_CONFIDENCE = 0.95
 #: (½ per sample) from the mean that the count-tree weights plan for, per sample.
 #: Worst case ½; ¼ is the middle of [0, ½]. Accuracy only: never data.
 CENTRE_OFFSET = 0.25
+
+
+@functools.lru_cache(maxsize=32)
+def _unit_noise_std(mechanism, noise, delta, horizon, t):
+    """Noise std at step t of ``mechanism`` calibrated to sensitivity 1 and ε = 1 (Laplace) or
+    the ρ of (1, δ) (Gaussian, zCDP): the stds of :meth:`MeanParams.planned_error` scale from it."""
+    kw = dict(epsilon=1.0, sensitivity=1.0, horizon=horizon, dim=1, rng=ZeroNoise())
+    if noise == "gaussian":
+        kw.update(noise="gaussian", delta=delta, calibration="zcdp")
+    return float(get_mechanism(mechanism)(**kw).noise_std(t))
 
 
 def _clip_term(s):
@@ -377,13 +400,27 @@ class MeanParams:
       factorisation mechanisms (BLT, the Gaussian tree) are private for
       adaptively chosen streams with the same ρ (Denisov, McMahan, Rush,
       Smith, Thakurta 2022, the adaptive-stream theorem). A level activates at the first step whose
-      previous release has a public error bound ``<= γ_ℓ = θ·H_ℓ/s`` (θ =
-      :data:`PRIOR_RATIO`); the bound (:meth:`ContinualMeanCore._update_bound`)
+      previous release has a public error bound ``<= γ_ℓ = θ·H_ℓ/s`` (θ from
+      the level plan below); the bound (:meth:`ContinualMeanCore._update_bound`)
       is computed from released values and public constants only, so
       activation is post-processing too. The bound holds with probability
       about :data:`PRIOR_CONFIDENCE` per activation (not the paper's 1 − β
       for the whole run): a worse prior shifts I_ℓ and clips more, which
       costs accuracy, never privacy.
+    * *level plan* (data-independent). θ trades the width of I_ℓ against how
+      precise a prior must be: with few users the release never gets
+      precise enough for θ = 1, a truncated level never activates, its
+      elements never count and its share of the budget is lost (measured:
+      2.8–3.5× Algorithm 2's error on a stream of 223 users). θ is chosen
+      among :data:`PRIOR_RATIOS` (``math.inf``: no level takes a prior, so
+      every level is plain and the estimate degrades to Algorithm 2's with
+      withholding) by :meth:`planned_error`, a model of the end-of-stream
+      error that assumes n users with m samples each. Since ``max_users`` is
+      an upper bound, the choice hedges: it minimises the worst ratio to the
+      best candidate over ``n·f`` users, f in :data:`PLAN_USER_FRACTIONS`.
+      The inputs are the declared n, m, ε (δ), noise, counter and horizon,
+      never data, so the choice is public; each candidate is calibrated to
+      the whole budget like any fixed θ. ``prior_ratio`` forces θ.
     * *clamped counts* (participation): the count coordinates are numbers
       of users or of elements (one per user), so the noisy counts are
       clamped to [0, n] (post-processing).
@@ -445,7 +482,7 @@ class MeanParams:
     def __init__(self, max_users, max_samples_per_user, epsilon, beta=0.1, *, dim=1,
                  neighbours="participation", noise=None, delta=None,
                  median_budget=None, tree_levels=None, mechanism=None, horizon=None,
-                 preset="tuned"):
+                 preset="tuned", prior_ratio=None):
         if preset not in PRESETS:
             raise ValueError(f"preset must be one of {PRESETS}, got {preset!r}")
         self.preset = preset
@@ -470,6 +507,13 @@ class MeanParams:
             self.delta = None
         if horizon is not None:
             horizon = _pos_int("horizon", horizon)
+        self.horizon = horizon
+        if prior_ratio is not None:
+            if preset != "tuned":
+                raise ValueError("prior_ratio applies to preset='tuned' only")
+            if not (isinstance(prior_ratio, numbers.Real) and prior_ratio == math.inf):
+                prior_ratio = _pos_real("prior_ratio", prior_ratio)    # math.inf: no prior
+        self.prior_ratio = prior_ratio
         if mechanism is None:
             mechanism = "tree" if preset == "paper" else default_mechanism(noise, horizon)
         # Any continual-counting mechanism works per level: each user puts at
@@ -561,17 +605,33 @@ class MeanParams:
         self.median_levels = []
         self.eps_median = self.eps_median_coord = None
         self.k = {}
+        if self.prior_ratio is not None:
+            self._tuned_layout(self.prior_ratio)
+            return
+        # Plan θ from public inputs only (see "level plan" in the class docstring):
+        # least worst-case ratio to the best plan over the user counts n·f.
+        errors = {}
+        for theta in PRIOR_RATIOS:
+            self._tuned_layout(theta)
+            errors[theta] = [self.planned_error(self.n * f)[0] for f in PLAN_USER_FRACTIONS]
+        best = [min(e[i] for e in errors.values()) for i in range(len(PLAN_USER_FRACTIONS))]
+        regret = {theta: max(e / b for e, b in zip(errs, best)) for theta, errs in errors.items()}
+        self._tuned_layout(min(PRIOR_RATIOS, key=lambda theta: regret[theta]))
+
+    def _tuned_layout(self, theta):
+        """Every tuned constant for prior ratio θ (``math.inf``: no level takes a prior)."""
+        self.prior_ratio_used = theta
         self.G, self.gamma, self.Delta, self.width, self.element_bound = {}, {}, {}, {}, {}
         self.prior_levels = []
         for level in self.levels:
             s = element_size(level)
             self.width[level] = float(s)
             self.element_bound[level] = s / 2 if self.participation else float(s)
-            if level <= 1:
+            if level <= 1 or math.isinf(theta):
                 continue
             H = _clip_term(s)
             G = math.ceil(2 * 2 ** (level / 2))
-            gamma = PRIOR_RATIO * H / s
+            gamma = theta * H / s
             Delta = H + s * (gamma + 1 / (2 * G))
             if 2 * Delta >= s:
                 continue                                   # truncation cannot help: no prior
@@ -607,12 +667,13 @@ class MeanParams:
                           for lv in self.prior_levels])
             v = (w / w.max()) ** (2 / 3 if lap else 0.5)
             self.count_weights = v
+            self.count_offsets = w
             csens = float(v.sum()) if lap else float(np.sqrt((v * v).sum()))
             # Planned count error: σ per unit-weight coordinate ∝ csens, times √Σ(w/v)².
             weight["count"] = (csens * float(np.sqrt(((w / v) ** 2).sum()))) ** power
         else:
             self.count_groups, self.count_unit = [], []
-            self.count_weights = np.zeros(0)
+            self.count_weights = self.count_offsets = np.zeros(0)
         total = sum(weight.values())
         if lap:
             self.eps_level = {key: self.epsilon * wt / total for key, wt in weight.items()}
@@ -623,6 +684,70 @@ class MeanParams:
             self.eps_level = {key: eps_from_rho_delta(r, self.delta) for key, r in self.rho_level.items()}
         self.eps_tree = dict(self.eps_level)
         self.rho_tree = None if self.rho_level is None else dict(self.rho_level)
+
+    def planned_error(self, users=None):
+        """Tuned preset: the planned end-of-stream error of the estimate and the levels planned to activate.
+
+        A model run from public inputs only (n, m, ε or ρ, the counters,
+        their horizon or :data:`PLAN_HORIZON`): n users, each with m samples,
+        whose level sums lie near their mean. Levels without a prior are
+        active; a truncated level ℓ is planned to activate when the error
+        bound of a release that covers the levels below it
+        (:meth:`ContinualMeanCore._update_bound`, with the counters' noise at
+        the horizon and n·Σ 2^{ℓ'−1} samples) is at most γ_ℓ, in increasing ℓ,
+        since each activation sharpens the next prior. The planned error is
+        the std of that final release, from the value trees of active levels
+        and the count noise weighted by the planned centre offsets, plus the
+        sampling deviation (at most ½ per sample) between the covered samples
+        and all n·2^L. Returns ``(error in [0, 1] units, active levels)``.
+        Privacy does not depend on it: it only picks θ among
+        :data:`PRIOR_RATIOS`.
+
+        >>> many = MeanParams(10_000, 512, 1.0, horizon=365)
+        >>> many.prior_levels, many.planned_error()[1] == many.levels
+        ([6, 7, 8, 9], True)
+        >>> MeanParams(200, 512, 1.0, horizon=365).prior_levels   # too few users for a prior
+        []
+        """
+        users = self.n if users is None else users
+        lap = self.noise == "laplace"
+        T = self.horizon or PLAN_HORIZON
+        unit = _unit_noise_std(self.mechanism, self.noise, self.delta, self.horizon, T)
+        rho_unit = None if lap else rho_from_eps_delta(1.0, self.delta)
+
+        def std(sens, key):
+            if lap:
+                return unit * sens / self.eps_level[key]
+            return unit * sens * math.sqrt(rho_unit / self.rho_level[key])
+
+        tree_std = [std(self.group_sensitivity(j), j) for j in range(len(self.tree_groups))]
+        count_std = std(self.count_sensitivity(), "count") if self.participation else 0.0
+
+        def moments(active):
+            den = users * sum(element_size(lv) for lv in active)
+            var = sum(sd ** 2 for sd, group in zip(tree_std, self.tree_groups)
+                      if any(lv in active for lv in group))
+            den_var = 0.0
+            for j, group in enumerate(self.count_groups):
+                if all(lv in active for lv in group):
+                    eta = count_std / self.count_weights[j]
+                    var += (self.count_offsets[j] * eta) ** 2
+                    den_var += (self.count_unit[j] * eta) ** 2
+            return den, var, math.sqrt(den_var)
+
+        z = gaussian_halfwidth(1.0, PRIOR_CONFIDENCE)
+        stat = math.log(2 / (1 - PRIOR_CONFIDENCE)) / 2
+        active = set(self.levels) - set(self.prior_levels)
+        for lv in sorted(self.prior_levels):
+            den, var, den_sd = moments(active)
+            slack = den - z * den_sd
+            if slack <= 0 or z * math.sqrt(var) / slack + math.sqrt(stat / den) > self.gamma[lv]:
+                break
+            active.add(lv)
+        den, var, _ = moments(active)
+        full = users * (1 << self.L)
+        error = math.sqrt(var / den ** 2 + 0.25 * max(1 / den - 1 / full, 0.0))
+        return error, sorted(active)
 
     # -- derived quantities -----------------------------------------------------------
 

@@ -562,7 +562,11 @@ class ContinualMean(beam.PTransform):
         ``key_fn`` when > 1).
       dim: d; ``None`` takes it from sequence bounds (else 1).
       max_users: n, the upper bound on users per stream used by the truncation
-        widths (§2.9 eq. (9)); it affects accuracy only, never privacy.
+        widths (§2.9 eq. (9)) and, in the tuned preset, by the level plan that
+        decides which levels truncate (``MeanParams.planned_error``). It
+        affects accuracy only, never privacy; declare a bound close to the
+        real number of users: a loose one plans truncation that needs more
+        users than the stream has.
       beta: failure probability of the accuracy guarantee (§6 A6).
       noise, delta: ``"laplace"`` (pure ε) or ``"gaussian"`` (ρ-zCDP, needs
         ``delta``); ``None`` (default) means Gaussian when ``delta`` is given,

@@ -8,7 +8,8 @@ import pytest
 
 from dp_beam.mechanisms import SeededNoise, ZeroNoise
 from dp_beam.mechanisms.continual_mean import (
-    ContinualMean, ContinualMeanCore, MeanAggregate, MeanParams, MultiTreeMean, NaiveMean,
+    PRIOR_RATIOS, ContinualMean, ContinualMeanCore, MeanAggregate, MeanParams, MultiTreeMean,
+    NaiveMean,
     SingleTreeMean, StepNaiveMean, StepPriorMean, UserState, prior_truncation,
     _contiguous_arrays, _hashed_arrays, contribution, element_size, exponential_mechanism,
     grid, median_cost, quantize, release_level, represented_count, withhold_release)
@@ -428,7 +429,9 @@ def test_tuned_sensitivity_audit_under_neighbours(neighbours):
     # value tree's input sequence by at most group_sensitivity(j) in Σ_t ‖·‖₁
     # (which bounds the L2 form too) and the count tree's by count_sensitivity().
     rnd = np.random.default_rng(12)
-    p = MeanParams(200, 512, 1.0, neighbours=neighbours, horizon=40)
+    # θ = 1 fixed: 200 users alone would plan no prior, and the audit is about truncated levels.
+    p = MeanParams(200, 512, 1.0, neighbours=neighbours, horizon=40, prior_ratio=1.0)
+    assert p.prior_levels == [6, 7, 8, 9]
     n_users = 30
     counts = rnd.integers(1, 513, size=n_users)
     steps = [[] for _ in range(40)]
@@ -522,6 +525,66 @@ def test_tuned_final_variance_matches_stated_noise_std():
     finals = np.array(finals)
     assert abs(finals.mean() - exact) <= 5 * out.noise_std / math.sqrt(len(finals))
     assert finals.std() == pytest.approx(out.noise_std, rel=0.23)
+
+
+def test_level_plan_picks_the_prior_ratio_from_public_inputs():
+    # Many users: every level with a useful truncation takes a prior (θ = 1).
+    many = MeanParams(10_000, 512, 1.0, horizon=365)
+    assert many.prior_ratio_used == 1.0 and many.prior_levels == [6, 7, 8, 9]
+    assert many.planned_error()[1] == many.levels
+    # A few hundred users cannot make a release precise enough for any prior
+    # at ε = 1 with Laplace noise: every level is plain (as Algorithm 2, withheld).
+    few = MeanParams(200, 512, 1.0, horizon=365)
+    assert few.prior_ratio_used == math.inf and few.prior_levels == []
+    assert all(few.element_bound[lv] == element_size(lv) / 2 for lv in few.levels)
+    # The plan is a function of the declared configuration only.
+    again = MeanParams(200, 512, 1.0, horizon=365)
+    assert (again.prior_ratio_used, again.eps_level) == (few.prior_ratio_used, few.eps_level)
+    # Forced θ: used as given, and the planned activations shrink with the users.
+    forced = MeanParams(200, 512, 1.0, horizon=365, prior_ratio=1.0)
+    assert forced.prior_ratio_used == 1.0 and forced.prior_levels == [6, 7, 8, 9]
+    assert forced.planned_error()[1] == [0, 1, 2, 3, 4, 5]
+    assert forced.planned_error()[0] > few.planned_error()[0]
+    assert MeanParams(200, 512, 1.0, prior_ratio=math.inf).prior_levels == []
+    for bad in (0, -1.0, float("nan"), "1", True):
+        with pytest.raises(ValueError, match="prior_ratio"):
+            MeanParams(200, 512, 1.0, prior_ratio=bad)
+    with pytest.raises(ValueError, match="prior_ratio"):
+        MeanParams(200, 512, 1.0, preset="paper", prior_ratio=1.0)
+
+
+@pytest.mark.parametrize("noise,delta", [("laplace", None), ("gaussian", 1e-6)])
+@pytest.mark.parametrize("neighbours", ["participation", "values"])
+def test_every_planned_layout_spends_exactly_epsilon(noise, delta, neighbours):
+    # The plan only chooses among layouts; each one is calibrated to the whole budget.
+    for theta in PRIOR_RATIOS:
+        p = MeanParams(800, 1024, 0.8, delta=delta, neighbours=neighbours, horizon=64, prior_ratio=theta)
+        assert p.privacy_cost()["epsilon"] == pytest.approx(0.8, rel=1e-12)
+        for lv in p.levels:
+            s = element_size(lv)
+            assert p.element_bound[lv] <= (s / 2 if neighbours == "participation" else s)
+
+
+@pytest.mark.parametrize("noise,delta", [("laplace", None), ("gaussian", 1e-6)])
+@pytest.mark.parametrize("n", [100, 3000])
+def test_planned_activations_happen_under_the_plans_model(noise, delta, n):
+    # The plan's model: n users, each with m samples. Under "values" with
+    # noise drawn as zeros the core's activation bound is computed from the
+    # same public stds, so every level the plan activates does activate (the
+    # plan evaluates the counters' noise at the horizon, its largest value).
+    m, T = 256, 16
+    p = MeanParams(n, m, 1.0, neighbours="values", delta=delta, horizon=T, prior_ratio=1.0)
+    planned = p.planned_error()[1]
+    core = ContinualMeanCore(p, horizon=T, rng=ZeroNoise())
+    users = {u: UserState(uhash=u) for u in range(n)}
+    for t in range(1, T + 1):
+        agg = MeanAggregate()
+        for u in range(n):
+            for _ in range(m // T):
+                agg = agg.merge(contribution(p, users[u], np.array([0.3]), step=t))
+        out = core.step(agg)
+    assert set(planned) <= set(out.active)
+    assert (len(planned) < len(p.levels)) == (n == 100)
 
 
 # -- per-time-step baselines ------------------------------------------------------------
