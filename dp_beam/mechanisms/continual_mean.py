@@ -278,8 +278,9 @@ PRESETS = ("tuned", "paper")
 #: as a multiple of the level's Hoeffding truncation term (γ_ℓ·2^{ℓ−1} =
 #: θ·H_ℓ). Smaller θ narrows I_ℓ but needs a more precise prior, so the level
 #: activates later or, with few users, never; ``math.inf`` gives no level a
-#: prior. :class:`MeanParams` takes the candidate of least planned error
-#: (:meth:`MeanParams.planned_error`, public inputs only). On the flights
+#: prior. :class:`MeanParams` takes the candidate whose planned error
+#: (:meth:`MeanParams.planned_error`, public inputs only) is worst off the best
+#: by the least factor over :data:`PLAN_USER_FRACTIONS`. On the flights
 #: stream θ = 1 measured best, on the routes stream (223 users) larger θ
 #: (benchmarks/user_mean_accuracy.py).
 PRIOR_RATIOS = (1.0, 1.5, 2.0, 3.0, math.inf)
@@ -709,6 +710,8 @@ class MeanParams:
         >>> MeanParams(200, 512, 1.0, horizon=365).prior_levels   # too few users for a prior
         []
         """
+        if self.preset != "tuned":
+            raise ValueError("planned_error applies to preset='tuned' only")
         users = self.n if users is None else users
         lap = self.noise == "laplace"
         T = self.horizon or PLAN_HORIZON

@@ -551,6 +551,8 @@ def test_level_plan_picks_the_prior_ratio_from_public_inputs():
             MeanParams(200, 512, 1.0, prior_ratio=bad)
     with pytest.raises(ValueError, match="prior_ratio"):
         MeanParams(200, 512, 1.0, preset="paper", prior_ratio=1.0)
+    with pytest.raises(ValueError, match="tuned"):
+        MeanParams(200, 512, 1.0, preset="paper").planned_error()
 
 
 @pytest.mark.parametrize("noise,delta", [("laplace", None), ("gaussian", 1e-6)])
