@@ -319,6 +319,18 @@ PRIOR_CONFIDENCE = 0.95
 CENTRE_OFFSET = 0.25
 
 
+def prior_error_bound(std, den):
+    """Tuned preset: public bound on a release's distance from μ, used to activate a level.
+
+    ``z·std + √(ln(2/(1−c))/(2N))`` with c = :data:`PRIOR_CONFIDENCE` and z its
+    two-sided normal quantile: the noise (Gaussian, or a sum of many Laplace
+    nodes, close to Gaussian) and Hoeffding's deviation of the mean of the
+    N = ``den`` included samples. Shared by the core's activation and the plan.
+    """
+    noise = gaussian_halfwidth(std, PRIOR_CONFIDENCE) if std > 0 else 0.0
+    return noise + math.sqrt(math.log(2 / (1 - PRIOR_CONFIDENCE)) / (2 * den))
+
+
 @functools.lru_cache(maxsize=32)
 def _unit_noise_std(mechanism, noise, delta, horizon, t):
     """Noise std at step t of ``mechanism`` calibrated to sensitivity 1 and ε = 1 (Laplace) or
@@ -739,12 +751,11 @@ class MeanParams:
             return den, var, math.sqrt(den_var)
 
         z = gaussian_halfwidth(1.0, PRIOR_CONFIDENCE)
-        stat = math.log(2 / (1 - PRIOR_CONFIDENCE)) / 2
         active = set(self.levels) - set(self.prior_levels)
         for lv in sorted(self.prior_levels):
             den, var, den_sd = moments(active)
             slack = den - z * den_sd
-            if slack <= 0 or z * math.sqrt(var) / slack + math.sqrt(stat / den) > self.gamma[lv]:
+            if slack <= 0 or prior_error_bound(math.sqrt(var) / slack, den) > self.gamma[lv]:
                 break
             active.add(lv)
         den, var, _ = moments(active)
@@ -1329,11 +1340,8 @@ class ContinualMeanCore:
     def _update_bound(self, est01, std01, den):
         """Tuned preset: keep this release and a public bound on its distance from μ (max over coordinates).
 
-        ``z·std + √(ln(2/(1−c))/(2N))`` with c = :data:`PRIOR_CONFIDENCE` and z
-        its two-sided normal quantile: the noise (Gaussian, or a sum of many
-        Laplace nodes, close to Gaussian) and Hoeffding's deviation of the mean
-        of the N included samples. Under participation N and the std are the
-        noisy, first-order ones. Everything here is computed from released
+        The bound is :func:`prior_error_bound`; under participation N and the
+        std are the noisy, first-order ones. Everything here is computed from released
         values and public constants, so activation is post-processing.
         """
         self.last_est01 = np.asarray(est01, dtype=np.float64).copy()
@@ -1341,9 +1349,7 @@ class ContinualMeanCore:
         if den <= 0 or not math.isfinite(std):
             self.last_bound = math.inf
             return
-        noise = gaussian_halfwidth(std, PRIOR_CONFIDENCE) if std > 0 else 0.0
-        stat = math.sqrt(math.log(2 / (1 - PRIOR_CONFIDENCE)) / (2 * den))
-        self.last_bound = noise + stat
+        self.last_bound = prior_error_bound(std, den)
 
     def _diverse_values(self):
         """Canonical Div(t) (§2.9, §6 A9): ℓ* = ⌊log2 M_t⌋ ≤ 1 or A_{ℓ*} ≥ 2^{ℓ*−1}k_{ℓ*}. Public.
