@@ -163,7 +163,7 @@ def build_aggregates(params, steps):
 
 def layout_key(params):
     """What the per-user aggregates depend on: the levels truncated, their grids and widths."""
-    return (params.m, params.participation, tuple(params.prior_levels),
+    return (params.m, params.participation, params.preset, tuple(params.prior_levels),
             tuple((params.G[lv], params.Delta[lv]) for lv in params.prior_levels),
             tuple(params.median_levels))
 
@@ -276,6 +276,8 @@ def synthetic_stream(U, M, steps, data_seed, beta_ab=(30, 70)):
             for t in range(1, steps + 1)]
 
     def aggregates(params):
+        if params.query:
+            raise ValueError("the synthetic builder has no prior-query sums (values relation)")
         out = []
         for t in range(1, steps + 1):
             lo, hi = counts[t - 1], counts[t]
@@ -283,9 +285,17 @@ def synthetic_stream(U, M, steps, data_seed, beta_ab=(30, 70)):
             agg.events = U * (hi - lo)
             agg.max_count = hi
             for lv in range(L + 1):
+                first = 0 if lv == 0 else 1 << (lv - 1)       # level ℓ: samples first+1 … 2^ℓ
+                a, b = max(lo, first), min(hi, 1 << lv)
+                if lv in params.immediate and a < b:
+                    # Untruncated levels take the step's samples as they arrive.
+                    agg.low[lv] = np.array([(cum[:, at[b]] - cum[:, at[a]]).sum()])
+                    agg.n_low[lv] = U * (b - a)
                 if lo < (1 << lv) <= hi:
                     e = cum[:, at[1 << lv]] - (cum[:, at[1 << (lv - 1)]] if lv >= 1 else 0.0)
                     agg.counts[lv] = U
+                    if lv in params.immediate:
+                        continue
                     if lv in params.prior_set:
                         cands = element_size(lv) * params.grid(lv).reshape(-1, 1)
                         D = params.Delta[lv]
@@ -346,18 +356,23 @@ def write_markdown(path, flight_rows, synth_rows, seeds, argv, route_rows=(), ro
              "τ = 0.03) instead of a union bound over all users and levels;",
              "* the prior of a truncated level is the estimate already released, rounded to a "
              "public grid, taken once its public 95 % error bound is below the level's target: "
-             "post-processing, no budget, no sample store;",
+             "post-processing, no budget, no sample store; under `neighbours=\"values\"` with "
+             "few users, a one-off noisy mean of the users' means (20 % of the budget, answered "
+             "once its public bound is small enough) when the plan finds it pays;",
+             "* untruncated levels take each sample as it arrives instead of withholding it "
+             "until the level's element is complete (withholding serves only the clipping);",
              "* Gaussian noise: one tree per level with ρ_ℓ ∝ sensitivity (zCDP composition); "
              "Laplace noise: one tree for all levels (per-step sum, sensitivity Σ_ℓ sens_ℓ); "
-             "a small weighted count tree under participation; budgets by planned error share;",
+             "a small weighted count tree under participation, and a denominator never below its "
+             "noise's 95 % half-width; budgets by planned error share;",
              "* the most accurate continual counter of the noise family (BLT, smooth binary).", "",
              "`dp_beam/mechanisms/continual_mean.py` (`MeanParams`) states the privacy argument of "
              "each change. The tuned preset also plans, from the declared n, m, ε and noise only, "
              "how precise a prior its levels may require (θ): with few users the release never "
              "becomes precise enough for narrow truncation, and the plan then widens it or gives "
              "no level a prior (`MeanParams.planned_error`). Where the tuned preset still falls "
-             "short (see the rows below): with a few hundred users no level can be truncated and "
-             "it is as accurate as Algorithm 2, not more (routes); users whose means differ are "
+             "short (see the rows below): with a few hundred users, Gaussian noise and "
+             "`neighbours=\"values\"` it only ties with Algorithm 2 (routes); users whose means differ are "
              "clipped by the truncation around the common mean, a bias that shows once the noise "
              "is small (synthetic, 100,000 users × 4,096 samples, and the Beta(6, 14) rows); and at "
              "small ε fewer levels, i.e. a smaller effective cap, can be more accurate at the end "
@@ -378,9 +393,10 @@ def write_markdown(path, flight_rows, synth_rows, seeds, argv, route_rows=(), ro
                   "thousands of flights each, capped at m = 512), declared with max_users = 300; "
                   f"otherwise as above, ε = 1, {route_seeds} noise seeds per cell (Algorithms 4 and 5 "
                   "again with the oracle prior). With so few users no release is precise enough "
-                  "to serve as a prior under Laplace noise, and the level plan makes every level "
-                  "plain: the estimate is then Algorithm 2's with withholding, and the ratios near "
-                  "1 carry the sampling error of RMS estimates over the seeds.", "",
+                  "to serve as a prior: under `values` the plan takes the prior query for the top "
+                  "levels; under participation with Laplace noise every level is plain, and the "
+                  "estimate is Algorithm 2's with a different split of the budget between sums and "
+                  "counts. Ratios near 1 carry the sampling error of RMS estimates over the seeds.", "",
                   "| ε | noise | neighbours | method | RMSE over the year | RMSE at month ends | end error | end/alg2 |",
                   "|---|---|---|---|---|---|---|---|"]
         for eps, noise, rel, name, year, month, end, ratio in route_rows:

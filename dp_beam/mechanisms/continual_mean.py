@@ -225,24 +225,29 @@ class UserState:
     :meth:`to_tuple` for Beam state cells.
     """
 
-    __slots__ = ("count", "segment", "first_step", "uhash")
+    __slots__ = ("count", "segment", "first_step", "uhash", "covered")
 
-    def __init__(self, count=0, segment=None, first_step=None, uhash=0):
+    def __init__(self, count=0, segment=None, first_step=None, uhash=0, covered=None):
         self.count = count
         self.segment = segment
         self.first_step = first_step
         self.uhash = uhash
+        # Tuned preset with a prior query: sum of the user's released samples
+        # (its first 2^{⌊log2 M_u⌋}), whose mean the query reads.
+        self.covered = covered
 
     def to_tuple(self):
         seg = None if self.segment is None else tuple(float(v) for v in self.segment)
-        return (self.count, seg, self.first_step, self.uhash)
+        cov = None if self.covered is None else tuple(float(v) for v in self.covered)
+        return (self.count, seg, self.first_step, self.uhash, cov)
 
     @classmethod
     def from_tuple(cls, t):
         if t is None:
             return cls()
-        count, seg, first, uh = t
-        return cls(count, None if seg is None else np.asarray(seg, dtype=np.float64), first, uh)
+        count, seg, first, uh, cov = t
+        return cls(count, None if seg is None else np.asarray(seg, dtype=np.float64), first, uh,
+                   None if cov is None else np.asarray(cov, dtype=np.float64))
 
 
 def withhold_release(state, x, top, store_upto, step=0):
@@ -284,6 +289,14 @@ PRESETS = ("tuned", "paper")
 #: stream θ = 1 measured best, on the routes stream (223 users) larger θ
 #: (benchmarks/user_mean_accuracy.py).
 PRIOR_RATIOS = (1.0, 1.5, 2.0, 3.0, math.inf)
+
+#: Tuned preset, ``neighbours="values"``: the share of ε (Laplace) or ρ
+#: (Gaussian) that the prior query takes when the level plan chooses it (see
+#: :class:`MeanParams` "prior query"); the trees share the rest. Chosen with a
+#: prototype of the query on the routes stream (223 users, Laplace, ε = 1, 20
+#: seeds): shares 0.1, 0.2 and 0.3 gave 1.16, 0.87 and 0.95 times Algorithm 2's
+#: end-of-year error at their best θ. Accuracy only: never data.
+QUERY_SHARE = 0.2
 
 #: Tuned preset: the step count at which :meth:`MeanParams.planned_error`
 #: evaluates the counters' noise when the horizon is unbounded (None).
@@ -426,17 +439,37 @@ class MeanParams:
       elements never count and its share of the budget is lost (measured:
       2.8–3.5× Algorithm 2's error on a stream of 223 users). θ is chosen
       among :data:`PRIOR_RATIOS` (``math.inf``: no level takes a prior, so
-      every level is plain and the estimate degrades to Algorithm 2's with
-      withholding) by :meth:`planned_error`, a model of the end-of-stream
+      every level is plain and, with plain levels fed at once, the estimate
+      is Algorithm 2's) and, under ``"values"``, with or without the prior
+      query (below) by :meth:`planned_error`, a model of the end-of-stream
       error that assumes n users with m samples each. Since ``max_users`` is
       an upper bound, the choice hedges: it minimises the worst ratio to the
       best candidate over ``n·f`` users, f in :data:`PLAN_USER_FRACTIONS`.
       The inputs are the declared n, m, ε (δ), noise, counter and horizon,
       never data, so the choice is public; each candidate is calibrated to
       the whole budget like any fixed θ. ``prior_ratio`` forces θ.
+    * *prior query* (``"values"``, when the plan chooses it). With few
+      users the release is never precise enough for a narrow prior, because
+      every step of a continual counter pays for its tree; a single noisy
+      mean is about ten times as precise for the same budget. The query
+      takes :data:`QUERY_SHARE` of ε (ρ) and is answered once: at the first
+      step whose public bound (:meth:`query_bound`) is at most
+      :attr:`query_target`, it releases ``(Σ_u m_u + noise)/n_t``, m_u the mean
+      of user u's released samples and n_t the users so far. A user's m_u
+      lies in [0, 1]^d and it adds one term, so the sum has sensitivity 1 per
+      coordinate (L1 d, L2 √d) under ``"values"``; n_t, the k_u and hence
+      the step and the bound depend on arrival times only, public under
+      that relation (so the query is offered only there). A level then
+      takes the query's estimate or the release, whichever has the smaller
+      public bound, both post-processing; the budget composes sequentially
+      (basic for ε, zCDP for ρ), so :meth:`privacy_cost` still sums to ε.
     * *clamped counts* (participation): the count coordinates are numbers
       of users or of elements (one per user), so the noisy counts are
-      clamped to [0, n] (post-processing).
+      clamped to [0, n] (post-processing). The estimate's denominator is at
+      least the 95 % half-width of its own noise (a public std); below it
+      the missing mass is filled with samples at the centre ½, so a count
+      that is mostly noise shrinks the release toward ½ instead of dividing
+      by noise (post-processing).
     * *value trees by noise family* (:attr:`tree_groups`). A tree may take the
       per-step sum of several levels' (truncated, centred) elements: a user
       puts at most one element into each level, at any steps, so its
@@ -449,6 +482,16 @@ class MeanParams:
       noise. Laplace: one tree for all levels (:data:`LAPLACE_TREES`): any
       split is worse at the end, since the optimal ε_ℓ ∝ sens_ℓ^{2/3} gives
       ``(Σ sens_ℓ^{2/3})^{3/2} >= Σ sens_ℓ``.
+    * *plain levels fed at once*. Withholding a level's samples until the
+      element is complete serves only its truncation: an untruncated level
+      ℓ takes each of a user's samples 2^{ℓ−1}+1 … 2^ℓ (level 0: the first)
+      in the step it arrives. The user's changes to that level's input still
+      add up to at most s (values) or s/2 (participation, each sample centred
+      at ½), the element bound the trees are calibrated to, whatever the
+      steps, so every sensitivity above holds unchanged; the released sums
+      then cover every sample up to 2^L instead of 2^{⌊log2 M_u⌋} per user.
+      Truncated levels still withhold (their elements must be complete to be
+      clipped), and ``preset="paper"`` withholds every level (§2.5).
     * *a small count tree* (participation). Untruncated levels share the
       centre ½ per sample, so one coordinate counts their samples in units
       of ``S_u = Σ s_ℓ`` over those levels (a user adds at most 1); each
@@ -462,10 +505,12 @@ class MeanParams:
       share ε (Laplace, ∝ effective sensitivity^{2/3}) or ρ (Gaussian, ∝
       effective sensitivity; zCDP composition, the ρ add) as the planned
       error shares above.
-    * *near-optimal counters*: a user enters a value tree at most once per
-      level and the calibration above bounds its total change, so any
-      continual counter applies; ``mechanism=None`` picks BLT (Gaussian) or smooth
-      binary (Laplace, known horizon).
+    * *near-optimal counters*: the calibration above bounds the sum over
+      steps of a user's changes to each tree's input, which any linear
+      continual counter turns into its noise scale (its largest column norm
+      times that sum, by the triangle inequality), so any counter applies;
+      ``mechanism=None`` picks BLT (Gaussian) or smooth binary (Laplace,
+      known horizon).
 
     Why not the private median with tuned constants: under participation the
     hashed array layout wastes partial buckets; on the flights stream (4,037
@@ -495,7 +540,7 @@ class MeanParams:
     def __init__(self, max_users, max_samples_per_user, epsilon, beta=0.1, *, dim=1,
                  neighbours="participation", noise=None, delta=None,
                  median_budget=None, tree_levels=None, mechanism=None, horizon=None,
-                 preset="tuned", prior_ratio=None):
+                 preset="tuned", prior_ratio=None, prior_query=None):
         if preset not in PRESETS:
             raise ValueError(f"preset must be one of {PRESETS}, got {preset!r}")
         self.preset = preset
@@ -527,11 +572,20 @@ class MeanParams:
             if not (isinstance(prior_ratio, numbers.Real) and prior_ratio == math.inf):
                 prior_ratio = _pos_real("prior_ratio", prior_ratio)    # math.inf: no prior
         self.prior_ratio = prior_ratio
+        if prior_query is not None:
+            if preset != "tuned":
+                raise ValueError("prior_query applies to preset='tuned' only")
+            if not isinstance(prior_query, bool):
+                raise ValueError(f"prior_query must be None, True or False, got {prior_query!r}")
+            if prior_query and neighbours != "values":
+                raise ValueError("prior_query=True needs neighbours='values' (user counts must be public)")
+        self.prior_query = prior_query
         if mechanism is None:
             mechanism = "tree" if preset == "paper" else default_mechanism(noise, horizon)
-        # Any continual-counting mechanism works per level: each user puts at
-        # most one element into each level's tree, so its sensitivity is that
-        # of a single participation whatever the factorisation.
+        # Any continual-counting mechanism works per level: the trees are
+        # calibrated to a bound on the sum over steps of a user's changes (see
+        # group_sensitivity), which a linear counter turns into its noise scale
+        # through its largest column norm, whatever the factorisation.
         get_mechanism(mechanism)  # raises ValueError naming `mechanism`
         self.mechanism = mechanism
         if median_budget is None:
@@ -548,7 +602,11 @@ class MeanParams:
         else:
             self._init_tuned()
         self.prior_set = frozenset(self.prior_levels)
-        self.n_trees = len(self.eps_level)
+        # Tuned: untruncated levels take each sample as it arrives (see "plain levels
+        # fed at once" in the class docstring); the paper withholds every level.
+        self.immediate = (frozenset(lv for lv in self.levels if lv not in self.prior_set)
+                          if preset == "tuned" else frozenset())
+        self.n_trees = len([key for key in self.eps_level if key != "query"])
         self.count_dim = len(self.count_weights)
 
     # -- preset "paper": §2.9 canonical constants ---------------------------------
@@ -556,6 +614,7 @@ class MeanParams:
     def _init_paper(self):
         L, d = self.L, self.dim
         self.prior = "median"
+        self.query, self.query_target = False, None
         self.median_levels = list(range(2, L + 1))
         self.prior_levels = list(self.median_levels)
         n_trees = L + 1 + (1 if self.participation else 0)
@@ -618,22 +677,37 @@ class MeanParams:
         self.median_levels = []
         self.eps_median = self.eps_median_coord = None
         self.k = {}
-        if self.prior_ratio is not None:
-            self._tuned_layout(self.prior_ratio)
+        thetas = PRIOR_RATIOS if self.prior_ratio is None else (self.prior_ratio,)
+        # The prior query reads user means, which only the values relation makes
+        # cheap to trigger (user counts are public there); see "prior query".
+        queries = (False, True) if self.participation is False else (False,)
+        if self.prior_query is not None:
+            queries = (self.prior_query,)
+        candidates = [(theta, q) for q in queries for theta in thetas]
+        if len(candidates) == 1:
+            self._tuned_layout(*candidates[0])
+            if self.query and not self.prior_levels:
+                raise ValueError("prior_query=True needs a level with a prior: none for this "
+                                 "max_samples_per_user and prior_ratio")
             return
-        # Plan θ from public inputs only (see "level plan" in the class docstring):
-        # least worst-case ratio to the best plan over the user counts n·f.
+        # Plan θ and the query from public inputs only (see "level plan" in the class
+        # docstring): least worst-case ratio to the best plan over the user counts n·f.
         errors = {}
-        for theta in PRIOR_RATIOS:
-            self._tuned_layout(theta)
-            errors[theta] = [self.planned_error(self.n * f)[0] for f in PLAN_USER_FRACTIONS]
+        for cand in candidates:
+            self._tuned_layout(*cand)
+            if cand[1] and not self.prior_levels:
+                continue                              # a query no level could use
+            errors[cand] = [self.planned_error(self.n * f)[0] for f in PLAN_USER_FRACTIONS]
+        candidates = list(errors)
         best = [min(e[i] for e in errors.values()) for i in range(len(PLAN_USER_FRACTIONS))]
-        regret = {theta: max(e / b for e, b in zip(errs, best)) for theta, errs in errors.items()}
-        self._tuned_layout(min(PRIOR_RATIOS, key=lambda theta: regret[theta]))
+        regret = {cand: max(e / b for e, b in zip(errs, best)) for cand, errs in errors.items()}
+        self._tuned_layout(*min(candidates, key=lambda cand: regret[cand]))
 
-    def _tuned_layout(self, theta):
-        """Every tuned constant for prior ratio θ (``math.inf``: no level takes a prior)."""
+    def _tuned_layout(self, theta, query=False):
+        """Every tuned constant for prior ratio θ (``math.inf``: no level takes a prior) and
+        with or without the prior query."""
         self.prior_ratio_used = theta
+        self.query = bool(query)
         self.G, self.gamma, self.Delta, self.width, self.element_bound = {}, {}, {}, {}, {}
         self.prior_levels = []
         for level in self.levels:
@@ -688,13 +762,29 @@ class MeanParams:
             self.count_groups, self.count_unit = [], []
             self.count_weights = self.count_offsets = np.zeros(0)
         total = sum(weight.values())
+        # The prior query takes a fixed share; the trees split the rest as planned.
+        share = QUERY_SHARE if self.query else 0.0
         if lap:
-            self.eps_level = {key: self.epsilon * wt / total for key, wt in weight.items()}
+            self.eps_level = {key: (1 - share) * self.epsilon * wt / total for key, wt in weight.items()}
             self.rho_level = None
+            if self.query:
+                self.eps_level["query"] = share * self.epsilon
         else:
             rho = self.rho_total = rho_from_eps_delta(self.epsilon, self.delta)
-            self.rho_level = {key: rho * wt / total for key, wt in weight.items()}
+            self.rho_level = {key: (1 - share) * rho * wt / total for key, wt in weight.items()}
+            if self.query:
+                self.rho_level["query"] = share * rho
             self.eps_level = {key: eps_from_rho_delta(r, self.delta) for key, r in self.rho_level.items()}
+        self.query_target = None
+        if self.query:
+            # The query fires once its public bound is below the target of the most
+            # demanding level it can serve at n·min(PLAN_USER_FRACTIONS) users (the
+            # hedge of the plan); with no such level it fires for the widest one.
+            fewest = self.n * min(PLAN_USER_FRACTIONS)
+            floor = self.query_bound(fewest, fewest / (1 << self.L))
+            usable = [self.gamma[lv] for lv in self.prior_levels if self.gamma[lv] >= floor]
+            self.query_target = (min(usable) if usable else
+                                 max((self.gamma[lv] for lv in self.prior_levels), default=0.0))
         self.eps_tree = dict(self.eps_level)
         self.rho_tree = None if self.rho_level is None else dict(self.rho_level)
 
@@ -708,8 +798,10 @@ class MeanParams:
         bound of a release that covers the levels below it
         (:meth:`ContinualMeanCore._update_bound`, with the counters' noise at
         the horizon and n·Σ 2^{ℓ'−1} samples) is at most γ_ℓ, in increasing ℓ,
-        since each activation sharpens the next prior. The planned error is
-        the std of that final release, from the value trees of active levels
+        since each activation sharpens the next prior; with the prior query,
+        every level whose γ_ℓ is at least :attr:`query_target` activates too
+        when the query's bound over n users of 2^L samples reaches that
+        target. The planned error is the std of that final release, from the value trees of active levels
         and the count noise weighted by the planned centre offsets, plus the
         sampling deviation (at most ½ per sample) between the covered samples
         and all n·2^L. Returns ``(error in [0, 1] units, active levels)``.
@@ -752,7 +844,12 @@ class MeanParams:
 
         z = gaussian_halfwidth(1.0, PRIOR_CONFIDENCE)
         active = set(self.levels) - set(self.prior_levels)
+        # The query fires (at about its target) if the users can bring its bound there.
+        fired = self.query and self.query_bound(users, users / (1 << self.L)) <= self.query_target
         for lv in sorted(self.prior_levels):
+            if fired and self.gamma[lv] >= self.query_target:
+                active.add(lv)
+                continue
             den, var, den_sd = moments(active)
             slack = den - z * den_sd
             if slack <= 0 or prior_error_bound(math.sqrt(var) / slack, den) > self.gamma[lv]:
@@ -762,6 +859,29 @@ class MeanParams:
         full = users * (1 << self.L)
         error = math.sqrt(var / den ** 2 + 0.25 * max(1 / den - 1 / full, 0.0))
         return error, sorted(active)
+
+    def query_noise_halfwidth(self):
+        """Tuned preset, prior query: the ``PRIOR_CONFIDENCE`` half-width of the query's noise
+        on the sum of user means, per coordinate (sensitivity 1 per coordinate: Laplace of
+        scale d/ε_q, whose exact quantile is ``scale·ln(1/(1−c))``; Gaussian of σ = √(d/(2ρ_q)))."""
+        if self.noise == "laplace":
+            return self.dim / self.eps_level["query"] * math.log(1 / (1 - PRIOR_CONFIDENCE))
+        return gaussian_halfwidth(math.sqrt(self.dim / (2 * self.rho_level["query"])), PRIOR_CONFIDENCE)
+
+    def query_bound(self, users, inv_count):
+        """Tuned preset, prior query: public bound on the distance from μ of the query's estimate
+        over ``users`` users whose released samples number k_u, with ``inv_count`` = Σ_u 1/k_u.
+
+        The noise half-width over ``users`` plus Hoeffding's deviation of the
+        mean of user means, a weighted mean of i.i.d. samples in [0, 1] with
+        weights 1/(n·k_u): ``√(ln(2/(1−c))·Σ_u 1/k_u / 2)/n``. Under
+        ``"values"`` both inputs are functions of arrival times, which that
+        relation makes public, so the bound is public.
+        """
+        if users <= 0:
+            return math.inf
+        dev = math.sqrt(math.log(2 / (1 - PRIOR_CONFIDENCE)) * inv_count / 2)
+        return (self.query_noise_halfwidth() + dev) / users
 
     # -- derived quantities -----------------------------------------------------------
 
@@ -964,8 +1084,13 @@ class MeanAggregate:
 
     * ``events``: samples in the step (used, i.e. within the cap m);
     * ``counts[ℓ]``: level-ℓ elements released in the step;
-    * ``low[ℓ]`` (ℓ not truncated: 0, 1 and, in the tuned preset, levels whose
-      truncation could not help): sum of the raw elements, a d-vector;
+    * ``low[ℓ]`` (ℓ not truncated: 0, 1 and, in the tuned preset, levels without
+      a prior): sum of the raw elements, a d-vector; for the tuned preset's
+      levels fed at once (:attr:`MeanParams.immediate`) the sum of the level's samples
+      that arrived in the step;
+    * ``n_low[ℓ]`` (levels fed at once): the number of those samples;
+    * ``prefix`` (prior query): ``{"mean": Σ change of the users' means m_u,
+      "inv": Σ change of 1/k_u}`` over the users whose released samples grew;
     * ``proj[ℓ]`` (ℓ truncated around a prior): ``G_ℓ × d`` array, row j = Σ of the elements projected
       onto ``I_ℓ`` for the candidate prior ``μ̃_ℓ = (j+½)/G_ℓ``. The prior is
       on a public finite grid, so every element can be projected for every
@@ -976,12 +1101,14 @@ class MeanAggregate:
     * ``max_count``: the largest user count seen in the step (values model: public).
     """
 
-    __slots__ = ("events", "counts", "low", "proj", "a_inc", "samples", "max_count")
+    __slots__ = ("events", "counts", "low", "n_low", "prefix", "proj", "a_inc", "samples", "max_count")
 
     def __init__(self, params=None):
         self.events = 0
         self.counts = {}
         self.low = {}
+        self.n_low = {}
+        self.prefix = {}
         self.proj = {}
         self.a_inc = {}
         self.samples = []
@@ -990,7 +1117,7 @@ class MeanAggregate:
     def merge(self, other):
         out = MeanAggregate()
         out.events = self.events + other.events
-        for name in ("counts", "low", "proj", "a_inc"):
+        for name in ("counts", "low", "n_low", "prefix", "proj", "a_inc"):
             a, b = getattr(self, name), getattr(other, name)
             merged = dict(a)
             for key, val in b.items():
@@ -1001,13 +1128,14 @@ class MeanAggregate:
         return out
 
     def __reduce__(self):
-        return (_rebuild_aggregate, ((self.events, self.counts, self.low, self.proj, self.a_inc,
-                                      self.samples, self.max_count),))
+        return (_rebuild_aggregate, ((self.events, self.counts, self.low, self.n_low, self.prefix,
+                                      self.proj, self.a_inc, self.samples, self.max_count),))
 
 
 def _rebuild_aggregate(fields):
     agg = MeanAggregate()
-    (agg.events, agg.counts, agg.low, agg.proj, agg.a_inc, agg.samples, agg.max_count) = fields
+    (agg.events, agg.counts, agg.low, agg.n_low, agg.prefix, agg.proj, agg.a_inc, agg.samples,
+     agg.max_count) = fields
     return agg
 
 
@@ -1029,10 +1157,24 @@ def contribution(params, state, x, step=0):
             agg.a_inc[level] = 1
     if out["sample"] is not None:
         agg.samples = [((state.first_step, state.uhash), count, out["sample"])]
+    # Sample index k lies in level ℓ = ⌈log2 k⌉ (samples 2^{ℓ−1}+1 … 2^ℓ; level 0: k = 1).
+    sample_level = (count - 1).bit_length()
+    if sample_level in params.immediate:
+        agg.low[sample_level] = np.array(x, dtype=np.float64)
+        agg.n_low[sample_level] = 1
     level = out["level"]
+    if level is not None and params.query:
+        # The user's mean m_u over its released samples (the first `count` = 2^ℓ)
+        # replaces the one over the first count/2; the sums telescope to Σ_u m_u.
+        old = 0.0 if state.covered is None else state.covered / (count // 2)
+        state.covered = out["element"] + (0.0 if state.covered is None else state.covered)
+        agg.prefix = {"mean": state.covered / count - old,
+                      "inv": 1.0 / count - (2.0 / count if count > 1 else 0.0)}
     if level is not None:
         agg.counts[level] = 1
-        if level not in params.prior_set:
+        if level in params.immediate:
+            pass                                   # its samples went in as they arrived
+        elif level not in params.prior_set:
             agg.low[level] = out["element"].copy()
         else:
             s = element_size(level)
@@ -1087,6 +1229,7 @@ class ContinualMeanCore:
         self.prior = {}                      # level → grid indices (d,)
         self.buffer = {}                     # level → G × d projected sums of buffered elements
         self.counts = {lv: 0 for lv in params.levels}
+        self.samples_in = {lv: 0 for lv in params.immediate}    # samples of levels fed at once
         self.a = {lv: 0 for lv in params.median_levels}
         self.max_count = 0
         self.store = {}                      # order key → list of samples (index order)
@@ -1094,6 +1237,10 @@ class ContinualMeanCore:
         # Release-prior preset: the previous release (rescaled to [0,1]) and its error bound.
         self.last_est01 = None
         self.last_bound = math.inf
+        # Prior query: running Σ_u m_u and Σ_u 1/k_u, and the answer once given.
+        self.prefix_mean = np.zeros(params.dim)
+        self.prefix_inv = 0.0
+        self.query = None                    # (estimate in [0,1]^d, public bound, step)
 
     def _tree(self, key, sensitivity, dim):
         p = self.p
@@ -1112,11 +1259,14 @@ class ContinualMeanCore:
             "count_tree": None if self.count_tree is None else self.count_tree.to_state(),
             "active": dict(self.active), "prior": {k: v.tolist() for k, v in self.prior.items()},
             "buffer": {k: v.tolist() for k, v in self.buffer.items()},
-            "counts": dict(self.counts), "a": dict(self.a), "max_count": self.max_count,
+            "counts": dict(self.counts), "samples_in": dict(self.samples_in), "a": dict(self.a),
+            "max_count": self.max_count,
             "store": {k: [(i, x.tolist()) for i, x in v] for k, v in self.store.items()},
             "noisy_counts": None if self.noisy_counts is None else self.noisy_counts.tolist(),
             "last_est01": None if self.last_est01 is None else self.last_est01.tolist(),
             "last_bound": self.last_bound,
+            "prefix_mean": self.prefix_mean.tolist(), "prefix_inv": self.prefix_inv,
+            "query": None if self.query is None else (self.query[0].tolist(), self.query[1], self.query[2]),
         }
 
     @classmethod
@@ -1134,6 +1284,7 @@ class ContinualMeanCore:
         core.prior = {k: np.asarray(v, dtype=np.int64) for k, v in state["prior"].items()}
         core.buffer = {k: np.asarray(v, dtype=np.float64) for k, v in state["buffer"].items()}
         core.counts = dict(state["counts"])
+        core.samples_in = dict(state["samples_in"])
         core.a = dict(state["a"])
         core.max_count = state["max_count"]
         core.store = {k: [(i, np.asarray(x, dtype=np.float64)) for i, x in v]
@@ -1143,6 +1294,10 @@ class ContinualMeanCore:
         est = state.get("last_est01")
         core.last_est01 = None if est is None else np.asarray(est, dtype=np.float64)
         core.last_bound = float(state.get("last_bound", math.inf))
+        core.prefix_mean = np.asarray(state["prefix_mean"], dtype=np.float64)
+        core.prefix_inv = float(state["prefix_inv"])
+        q = state["query"]
+        core.query = None if q is None else (np.asarray(q[0], dtype=np.float64), float(q[1]), int(q[2]))
         return core
 
     # -- the step --------------------------------------------------------------
@@ -1164,13 +1319,30 @@ class ContinualMeanCore:
         margin = self.count_tree.ci_halfwidth(self.count_tree.t) / p.count_weights[j]
         return self.noisy_counts[j] - margin >= p.k[level]
 
+    def _ask_query(self):
+        """Prior query: answer it once, at the first step whose public bound reaches the target."""
+        p = self.p
+        users = self.counts[0]                  # users so far: public under "values"
+        bound = p.query_bound(users, self.prefix_inv)
+        if bound > p.query_target:
+            return
+        if p.noise == "laplace":
+            noise = self.source.laplace(p.dim / p.eps_level["query"], p.dim)
+        else:
+            noise = self.source.gaussian(math.sqrt(p.dim / (2 * p.rho_level["query"])), p.dim)
+        self.query = (np.clip((self.prefix_mean + noise) / users, 0.0, 1.0), bound, self.t)
+
     def _release_prior(self, level):
-        """Tuned preset: grid index of the previous release as level ℓ's prior, or None while
-        the release's error bound exceeds γ_ℓ (post-processing of released outputs only)."""
-        if self.last_est01 is None or self.last_bound > self.p.gamma[level]:
+        """Tuned preset: grid index of level ℓ's prior, or None while no public estimate's
+        bound is at most γ_ℓ: the previous release or the prior query's answer, whichever
+        has the smaller bound (post-processing of released outputs only)."""
+        est, bound = self.last_est01, self.last_bound
+        if self.query is not None and self.query[1] < bound:
+            est, bound = self.query[0], self.query[1]
+        if est is None or bound > self.p.gamma[level]:
             return None
         G = self.p.G[level]
-        y = np.clip(self.last_est01, 0.0, 1.0)
+        y = np.clip(est, 0.0, 1.0)
         return np.minimum(np.floor(y * G), G - 1).astype(np.int64)
 
     def step(self, agg=None):
@@ -1180,6 +1352,13 @@ class ContinualMeanCore:
         self.t += 1
         for lv, c in agg.counts.items():
             self.counts[lv] += c
+        for lv, c in agg.n_low.items():
+            self.samples_in[lv] += c
+        if agg.prefix:
+            self.prefix_mean = self.prefix_mean + agg.prefix["mean"]
+            self.prefix_inv += agg.prefix["inv"]
+        if p.query and self.query is None and not all(self.active.values()):
+            self._ask_query()
         for lv, c in agg.a_inc.items():
             self.a[lv] += c
         self.max_count = max(self.max_count, agg.max_count)
@@ -1189,7 +1368,7 @@ class ContinualMeanCore:
         if self.count_tree is not None:
             inc = np.zeros(p.count_dim)
             for j, (group, unit) in enumerate(zip(p.count_groups, p.count_unit)):
-                inc[j] = sum(element_size(lv) * agg.counts.get(lv, 0) for lv in group) / unit
+                inc[j] = sum(self._new_samples(lv, agg) for lv in group) / unit
             for i, lv in enumerate(p.median_levels):
                 inc[len(p.count_groups) + i] = agg.a_inc.get(lv, 0) / element_size(lv)
             # Coordinate j carries v_j times its count (public weights); divided back here.
@@ -1241,13 +1420,28 @@ class ContinualMeanCore:
                 if lv in feed:
                     x = np.asarray(feed[lv], dtype=np.float64)
                 n_new = fed_n.get(lv, 0)
-            if p.participation and n_new:
+            if p.participation:
                 # Centre before the tree: presence, not spread, is what a user changes.
-                x = x - n_new * self._centre(lv)
+                if lv in p.immediate:
+                    x = x - 0.5 * agg.n_low.get(lv, 0)
+                elif n_new:
+                    x = x - n_new * self._centre(lv)
             totals[lv] = x
         for j, group in enumerate(p.tree_groups):
             self.trees[j].step(sum(totals[lv] for lv in group))
         return self._output(agg)
+
+    def _new_samples(self, level, agg):
+        """Samples a step adds to level ℓ's sums: fed at once (tuned, untruncated) or whole elements."""
+        if level in self.p.immediate:
+            return agg.n_low.get(level, 0)
+        return element_size(level) * agg.counts.get(level, 0)
+
+    def _covered(self, level):
+        """Samples level ℓ's sums cover so far."""
+        if level in self.p.immediate:
+            return self.samples_in[level]
+        return element_size(level) * self.counts[level]
 
     def _centre(self, level):
         s = element_size(level)
@@ -1266,7 +1460,7 @@ class ContinualMeanCore:
         tree_keys = [j for j, group in enumerate(p.tree_groups) if any(self.active[lv] for lv in group)]
         if not p.participation:
             num = sum(self.trees[key].current() for key in tree_keys)
-            den = float(sum(element_size(lv) * self.counts[lv] for lv in active))
+            den = float(sum(self._covered(lv) for lv in active))
             est01 = np.asarray(num, dtype=np.float64) / den if den > 0 else np.full(p.dim, 0.5)
             trees = [self.trees[key] for key in tree_keys] if self.t else []
             std = math.sqrt(sum(tr.noise_std(self.t) ** 2 for tr in trees))
@@ -1299,15 +1493,26 @@ class ContinualMeanCore:
                 num = num + centres[j] * units[j] * nc[j]
                 den += units[j] * nc[j]
             den_raw = den
-            # Post-processing of noisy counts: the denominator is at least one sample.
-            den = max(den, 1.0)
-            est01 = num / den
             # First-order (delta-method) std: tree noise plus the count noise
             # weighted by how far each coordinate's centre is from the estimate
             # (coordinate j of the count tree carries v_j times its count: noise cstd/v_j).
             cstd = self.count_tree.noise_std(self.t)
             tvar = sum(self.trees[key].noise_std(self.t) ** 2 for key in tree_keys)
             eta = {j: cstd / p.count_weights[j] for j in groups}
+            sd_den = math.sqrt(sum((units[j] * eta[j]) ** 2 for j in groups))
+            # Post-processing of noisy counts: the denominator is at least one sample
+            # and, tuned, at least its noise's 95 % half-width (public). Below that a
+            # ratio estimate divides by noise (heavy Laplace tails made single runs
+            # of the routes stream miss by the whole range); the missing mass is
+            # filled with samples at the public centre ½, shrinking toward it.
+            if p.preset == "paper":
+                den = max(den, 1.0)
+            else:
+                floor = max(1.0, gaussian_halfwidth(sd_den))
+                if den < floor:
+                    num = num + 0.5 * (floor - den)
+                    den = floor
+            est01 = num / den
 
             var = tvar + sum((units[j] * (centres[j] - est01) * eta[j]) ** 2 for j in groups)
             std01 = np.sqrt(var) / den
@@ -1316,7 +1521,6 @@ class ContinualMeanCore:
             # numerator and denominator noises and r the exact mean. The std sd(r) of
             # a − r·b satisfies sd(r) <= sd(est) + |r − est|·sd(b) (triangle inequality),
             # so |error| <= z·sd(r)/den̂ implies |error| <= z·sd(est)/(den̂ − z·sd(b)).
-            sd_den = math.sqrt(sum((units[j] * eta[j]) ** 2 for j in groups))
             z = gaussian_halfwidth(1.0, PRIOR_CONFIDENCE)
             slack = den_raw - z * sd_den
             bound_std = std01 * den / slack if slack > 0 else np.full(p.dim, math.inf)
@@ -1397,16 +1601,22 @@ class ContinualMean:
     >>> from dp_beam.mechanisms import ZeroNoise
     >>> cm = ContinualMean(0.0, 10.0, 4, 1.0, max_users=10, neighbours="values", rng=ZeroNoise())
     >>> [round(cm.step([("a", x)]).estimate, 3) for x in (2.0, 4.0, 6.0)]
+    [2.0, 3.0, 4.0]
+    >>> paper = ContinualMean(0.0, 10.0, 4, 1.0, max_users=10, neighbours="values",
+    ...                       preset="paper", rng=ZeroNoise())
+    >>> [round(paper.step([("a", x)]).estimate, 3) for x in (2.0, 4.0, 6.0)]   # withholds sample 3
     [2.0, 3.0, 3.0]
     """
 
     def __init__(self, lower, upper, max_samples_per_user, epsilon, *, max_users, beta=0.1, dim=1,
                  neighbours="participation", noise=None, delta=None, horizon=None,
-                 median_budget=None, mechanism=None, preset="tuned", rng=None):
+                 median_budget=None, mechanism=None, preset="tuned", prior_ratio=None,
+                 prior_query=None, rng=None):
         self.params = MeanParams(max_users, max_samples_per_user, epsilon, beta, dim=dim,
                                  neighbours=neighbours, noise=noise, delta=delta,
                                  median_budget=median_budget, mechanism=mechanism,
-                                 horizon=horizon, preset=preset)
+                                 horizon=horizon, preset=preset, prior_ratio=prior_ratio,
+                                 prior_query=prior_query)
         self.lower, self.upper = _rescale_setup(lower, upper, self.params.dim)
         self.core = ContinualMeanCore(self.params, self.lower, self.upper, horizon, rng)
         self.users = {}

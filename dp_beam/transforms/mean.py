@@ -421,7 +421,7 @@ class PackedSamples:
         return (PackedSamples, ((), chunks))
 
 
-_MERGED_FIELDS = ("events", "counts", "low", "proj", "a_inc", "samples", "max_count")
+_MERGED_FIELDS = ("events", "counts", "low", "n_low", "prefix", "proj", "a_inc", "samples", "max_count")
 
 
 def _merge_into(acc, agg):
@@ -440,7 +440,7 @@ def _merge_into(acc, agg):
             setattr(acc, name, getattr(merged, name))
         return acc
     acc.events += agg.events
-    for name in ("counts", "low", "proj", "a_inc"):
+    for name in ("counts", "low", "n_low", "prefix", "proj", "a_inc"):
         mine = getattr(acc, name)
         for key, val in getattr(agg, name).items():
             mine[key] = mine[key] + val if key in mine else val
@@ -535,7 +535,9 @@ class ContinualMean(beam.PTransform):
 
     Algorithm 6 of seed 003 (spec withhold_release_and_composition.md §2.9):
     each user's samples are released to tree B_ℓ in exponentially growing
-    sums (§2.5), truncated around a private per-level median prior (§2.8), and
+    sums (§2.5), truncated around a per-level prior (private medians, §2.8,
+    with ``preset="paper"``; the earlier release, rounded, with the default
+    ``preset="tuned"``, whose untruncated levels take samples as they arrive), and
     the estimate is ``Σ_ℓ B_ℓ / N_t`` in the units of ``[lower, upper]``
     (§3.1); d-dimensional values per §3.3.
 
@@ -579,8 +581,9 @@ class ContinualMean(beam.PTransform):
       timestamp_fn, allowed_lateness, late, max_idle_steps: as ``ContinualCount``.
       mechanism: the continual-counting mechanism of every level's tree (as in
         ``ContinualCount``); ``None`` picks the most accurate for the noise and
-        horizon. Each user enters each level at most once, so every
-        mechanism keeps its single-participation sensitivity.
+        horizon. Each tree is calibrated to the sum over steps of one
+        user's changes to its input (``MeanParams.group_sensitivity``),
+        which bounds the noise any linear counter needs.
       rng: ``None`` (secure); tests only: an int seed or a ``NoiseSource``.
 
     Example (noise switched off to show the estimate):

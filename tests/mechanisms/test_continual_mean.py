@@ -7,8 +7,9 @@ import numpy as np
 import pytest
 
 from dp_beam.mechanisms import SeededNoise, ZeroNoise
+from dp_beam.mechanisms.noise import gaussian_halfwidth
 from dp_beam.mechanisms.continual_mean import (
-    PRIOR_RATIOS, ContinualMean, ContinualMeanCore, MeanAggregate, MeanParams, MultiTreeMean,
+    PRIOR_RATIOS, QUERY_SHARE, ContinualMean, ContinualMeanCore, MeanAggregate, MeanParams, MultiTreeMean,
     NaiveMean,
     SingleTreeMean, StepNaiveMean, StepPriorMean, UserState, prior_truncation,
     _contiguous_arrays, _hashed_arrays, contribution, element_size, exponential_mechanism,
@@ -423,15 +424,19 @@ def _neighbour_tree_inputs(params, steps, drop_user, prior_index):
 
 
 @pytest.mark.parametrize("neighbours", ["participation", "values"])
-def test_tuned_sensitivity_audit_under_neighbours(neighbours):
+@pytest.mark.parametrize("delta,theta", [(None, 1.0), (1e-6, 1.0), (1e-6, math.inf)])
+def test_tuned_sensitivity_audit_under_neighbours(neighbours, delta, theta):
     # Given the priors (the released outputs the trees condition on), removing
     # one user ("participation") or changing its values ("values") moves each
     # value tree's input sequence by at most group_sensitivity(j) in Σ_t ‖·‖₁
     # (which bounds the L2 form too) and the count tree's by count_sensitivity().
+    # Laplace: one tree for all levels; Gaussian: one tree per level, so the
+    # untruncated levels' samples, fed as they arrive, are audited level by level.
     rnd = np.random.default_rng(12)
     # θ = 1 fixed: 200 users alone would plan no prior, and the audit is about truncated levels.
-    p = MeanParams(200, 512, 1.0, neighbours=neighbours, horizon=40, prior_ratio=1.0)
-    assert p.prior_levels == [6, 7, 8, 9]
+    p = MeanParams(200, 512, 1.0, neighbours=neighbours, horizon=40, prior_ratio=theta, delta=delta)
+    assert p.prior_levels == ([6, 7, 8, 9] if theta == 1.0 else [])
+    assert p.immediate == frozenset(p.levels) - frozenset(p.prior_levels)
     n_users = 30
     counts = rnd.integers(1, 513, size=n_users)
     steps = [[] for _ in range(40)]
@@ -451,7 +456,11 @@ def test_tuned_sensitivity_audit_under_neighbours(neighbours):
         if neighbours == "participation":
             moved = np.abs(base["count"] - other["count"]).sum(axis=0)
             assert np.all(moved <= p.count_weights + 1e-9)
-            assert moved.sum() <= p.count_sensitivity() + 1e-9
+            # Laplace: L1 over coordinates; Gaussian: a coordinate whose changes add
+            # up to ≤ v_j moves C·Δ by ≤ v_j·(max column norm) in its own output
+            # coordinate, so the L2 form √Σ moved_j² is what the count tree uses.
+            size = moved.sum() if delta is None else np.sqrt((moved ** 2).sum())
+            assert size <= p.count_sensitivity() + 1e-9
 
 
 def test_tuned_prior_is_the_previous_release_rounded_to_the_grid():
@@ -475,8 +484,20 @@ def test_tuned_prior_is_the_previous_release_rounded_to_the_grid():
     assert cm.core.store == {}                                            # no samples kept
 
 
+def _covered(i, active, immediate):
+    """0-based indices of a user's first i samples that the released sums cover."""
+    out = []
+    for lv in active:
+        lo, hi = (0, 1) if lv == 0 else (1 << (lv - 1), 1 << lv)      # samples lo+1 … hi
+        if lv in immediate:
+            out.extend(range(lo, min(hi, i)))                          # fed as they arrive
+        elif i >= hi:
+            out.extend(range(lo, hi))                                  # withheld until complete
+    return out
+
+
 @pytest.mark.parametrize("neighbours", ["participation", "values"])
-def test_tuned_noise_off_estimate_is_mean_of_represented_samples(neighbours):
+def test_tuned_noise_off_estimate_is_mean_of_covered_samples(neighbours):
     # Samples in [0.3, 0.4]: with the exact prior no level sum is clipped.
     rng = np.random.default_rng(15)
     n, m = 60, 128
@@ -484,12 +505,38 @@ def test_tuned_noise_off_estimate_is_mean_of_represented_samples(neighbours):
     # ZeroNoise draws zeros but states the calibrated std: ε = 50 lets the bound activate.
     cm = ContinualMean(0.0, 1.0, m, 50.0, max_users=n, neighbours=neighbours, horizon=m, rng=ZeroNoise())
     assert cm.params.prior_levels == [6, 7]
+    assert cm.params.immediate == frozenset(range(6))
     for i, batch in enumerate(steps, start=1):
         out = cm.step(batch)
-        active_rep = sum(element_size(lv) for lv in out.active if lv <= int(math.log2(i)))
-        expected = np.mean([data[u][:active_rep] for u in range(n)])
-        assert out.estimate == pytest.approx(expected, abs=1e-9)
+        idx = _covered(i, out.active, cm.params.immediate)
+        # Untruncated levels count every sample on arrival, not at powers of two.
+        assert len(idx) == min(i, 32) + (32 if i >= 64 and 6 in out.active else 0) + \
+            (64 if i >= 128 and 7 in out.active else 0)
+        total, N = sum(data[u][idx].sum() for u in range(n)), n * len(idx)
+        if out.denominator == pytest.approx(N, abs=1e-6):
+            assert out.estimate == pytest.approx(total / N, abs=1e-9)
+        else:
+            # Participation, early steps: the denominator is floored at its noise's
+            # public 95 % half-width, the missing mass filled at the centre ½.
+            assert neighbours == "participation" and out.denominator > N
+            den = out.denominator
+            assert out.estimate == pytest.approx((total + 0.5 * (den - N)) / den, abs=1e-9)
+    assert out.denominator == pytest.approx(n * m)
     assert all(cm.active.values()) and out.diverse
+
+
+def test_tuned_participation_denominator_floor_is_the_count_noise_halfwidth():
+    # One user, one sample: the noisy count (noise drawn as zeros) is far below
+    # its noise, so the release shrinks toward ½ instead of dividing by noise.
+    cm = ContinualMean(0.0, 1.0, 64, 1.0, max_users=100, horizon=8, rng=ZeroNoise())
+    out = cm.step([("a", 1.0)])
+    p, core = cm.params, cm.core
+    sd_den = core.count_tree.noise_std(1) / p.count_weights[0] * p.count_unit[0]
+    assert p.count_groups[0] == tuple(p.levels) and len(p.count_groups) == 1
+    assert out.denominator == pytest.approx(gaussian_halfwidth(sd_den)) and out.denominator > 100
+    assert out.estimate == pytest.approx((1.0 + 0.5 * (out.denominator - 1)) / out.denominator)
+    paper = ContinualMean(0.0, 1.0, 64, 1.0, max_users=100, horizon=8, preset="paper", rng=ZeroNoise())
+    assert paper.step([("a", 1.0)]).denominator == 1.0                   # the spec's max(N, 1)
 
 
 def test_tuned_final_variance_matches_stated_noise_std():
@@ -533,7 +580,7 @@ def test_level_plan_picks_the_prior_ratio_from_public_inputs():
     assert many.prior_ratio_used == 1.0 and many.prior_levels == [6, 7, 8, 9]
     assert many.planned_error()[1] == many.levels
     # A few hundred users cannot make a release precise enough for any prior
-    # at ε = 1 with Laplace noise: every level is plain (as Algorithm 2, withheld).
+    # at ε = 1 with Laplace noise: every level is plain (as Algorithm 2).
     few = MeanParams(200, 512, 1.0, horizon=365)
     assert few.prior_ratio_used == math.inf and few.prior_levels == []
     assert all(few.element_bound[lv] == element_size(lv) / 2 for lv in few.levels)
@@ -559,9 +606,16 @@ def test_level_plan_picks_the_prior_ratio_from_public_inputs():
 @pytest.mark.parametrize("neighbours", ["participation", "values"])
 def test_every_planned_layout_spends_exactly_epsilon(noise, delta, neighbours):
     # The plan only chooses among layouts; each one is calibrated to the whole budget.
-    for theta in PRIOR_RATIOS:
-        p = MeanParams(800, 1024, 0.8, delta=delta, neighbours=neighbours, horizon=64, prior_ratio=theta)
+    queries = (False, True) if neighbours == "values" else (False,)
+    for theta, query in [(t, q) for t in PRIOR_RATIOS for q in queries if not (q and math.isinf(t))]:
+        p = MeanParams(800, 1024, 0.8, delta=delta, neighbours=neighbours, horizon=64, prior_ratio=theta,
+                       prior_query=query)
         assert p.privacy_cost()["epsilon"] == pytest.approx(0.8, rel=1e-12)
+        assert p.query is query and ("query" in p.eps_level) is query
+        if query:
+            # The query takes its fixed share of ε (Laplace) or ρ (Gaussian).
+            assert (p.eps_level["query"] == pytest.approx(QUERY_SHARE * 0.8) if delta is None else
+                    p.rho_level["query"] == pytest.approx(QUERY_SHARE * p.rho_total))
         for lv in p.levels:
             s = element_size(lv)
             assert p.element_bound[lv] <= (s / 2 if neighbours == "participation" else s)
@@ -635,3 +689,92 @@ def test_step_prior_mean_noise_off_and_calibration(trees):
                 seen[u].append(x)
         rep = [v for vs in seen.values() for v in vs[:represented_count(len(vs), 3)]]
         assert est == pytest.approx(np.mean(rep), abs=1e-9)     # Δ_ℓ >= 2^{ℓ−1}: nothing clipped
+
+
+# -- prior query (tuned, values) --------------------------------------------------------
+
+def test_plan_takes_the_prior_query_with_few_users_under_values_only():
+    # 300 users: the release never gets precise enough for the top levels, a
+    # one-off mean of user means does; 10,000 users: the release suffices.
+    few = MeanParams(300, 512, 1.0, neighbours="values", horizon=366)
+    assert few.query and few.prior_levels and few.query_target > 0
+    assert few.planned_error()[0] < MeanParams(300, 512, 1.0, neighbours="values", horizon=366,
+                                               prior_query=False).planned_error()[0]
+    assert not MeanParams(10_000, 512, 1.0, neighbours="values", horizon=366).query
+    assert not MeanParams(300, 512, 1.0, horizon=366).query                 # participation
+    with pytest.raises(ValueError, match="prior_query"):
+        MeanParams(300, 512, 1.0, horizon=366, prior_query=True)             # needs "values"
+    with pytest.raises(ValueError, match="prior_query"):
+        MeanParams(300, 512, 1.0, neighbours="values", preset="paper", prior_query=True)
+    with pytest.raises(ValueError, match="prior_query"):
+        MeanParams(300, 512, 1.0, neighbours="values", prior_query=1)
+    with pytest.raises(ValueError, match="prior_query"):
+        MeanParams(300, 512, 1.0, neighbours="values", prior_query=True, prior_ratio=math.inf)
+
+
+def test_prior_query_answers_once_with_the_mean_of_user_means():
+    rng = np.random.default_rng(21)
+    n, m = 60, 128
+    data, steps = _round_robin_steps(n, m, rng, 0.3, 0.4)
+    cm = ContinualMean(0.0, 1.0, m, 50.0, max_users=n, neighbours="values", horizon=m,
+                       prior_ratio=1.0, prior_query=True, rng=ZeroNoise())
+    p = cm.params
+    assert p.prior_levels == [6, 7]
+    fired = None
+    for i, batch in enumerate(steps, start=1):
+        release_bound = cm.core.last_bound
+        out = cm.step(batch)
+        k = represented_count(i, p.L)                   # every user's released samples
+        bound = p.query_bound(n, n / k)
+        if fired is None:
+            # Fires at the first step whose public bound reaches the target, not before.
+            assert (cm.core.query is not None) == (bound <= p.query_target)
+            if cm.core.query is not None:
+                fired = i
+                est, qbound, t = cm.core.query
+                assert t == i and qbound == pytest.approx(bound)
+                # Noise off: the mean over users of each user's mean of its first k samples.
+                assert est[0] == pytest.approx(np.mean([data[u][:k].mean() for u in range(n)]), abs=1e-12)
+                for lv in p.prior_levels:
+                    if p.gamma[lv] >= qbound and qbound < release_bound:
+                        # The query's answer, rounded to the level's grid, is the prior.
+                        assert lv in out.active
+                        assert cm.core.prior[lv].tolist() == [min(int(est[0] * p.G[lv]), p.G[lv] - 1)]
+        else:
+            assert cm.core.query[2] == fired                    # answered once, kept
+    assert fired is not None and all(cm.active.values())
+
+
+def test_prior_query_sum_moves_by_at_most_one_per_user_under_values():
+    # Changing one user's values moves the running Σ_u m_u by at most 1 at every
+    # step (its mean lies in [0, 1]), and the trigger, a function of arrival
+    # times only, fires at the same step.
+    rnd = np.random.default_rng(22)
+    p = MeanParams(300, 512, 1.0, neighbours="values", horizon=40, prior_query=True, prior_ratio=1.5)
+    n_users = 30
+    steps = [[] for _ in range(40)]
+    for u in range(n_users):
+        for t in np.sort(rnd.integers(0, 40, size=int(rnd.integers(1, 513)))):
+            steps[t].append((u, float(rnd.random())))
+
+    def trace(stream):
+        core = ContinualMeanCore(p, horizon=len(stream), rng=ZeroNoise())
+        users, sums, when = {}, [], None
+        for t, batch in enumerate(stream, start=1):
+            agg = MeanAggregate()
+            for u, x in batch:
+                st = users.setdefault(u, UserState(uhash=u))
+                if st.count < p.m:
+                    agg = agg.merge(contribution(p, st, np.array([x]), step=t))
+            core.step(agg)
+            sums.append(core.prefix_mean[0])
+            if core.query is not None and when is None:
+                when = core.query[2]
+        return np.array(sums), when
+
+    base, when = trace(steps)
+    for victim in range(0, n_users, 3):
+        flipped = [[(u, 1.0 - x if u == victim else x) for u, x in b] for b in steps]
+        other, when_other = trace(flipped)
+        assert np.max(np.abs(base - other)) <= 1.0 + 1e-9
+        assert when_other == when

@@ -11,7 +11,6 @@ from apache_beam.transforms.window import TimestampedValue
 
 import dp_beam as dpb
 from dp_beam.mechanisms import ZeroNoise
-from dp_beam.mechanisms.continual_mean import represented_count
 from dp_beam.transforms.mean import ContinualMean
 from tests.beam_util import batch_options, collect, streaming_options
 
@@ -52,7 +51,10 @@ def test_batch_values_noise_off_is_exact_every_step():
     rel = sorted(out["releases"], key=lambda r: r.step)
     assert [r.step for r in rel] == list(range(M))
     for r in rel:
-        rep = represented_count(r.step + 1, 3)
+        # M = 8: no level can be truncated, so the tuned preset feeds every
+        # sample as it arrives (the paper's withholding would cover only
+        # represented_count(step + 1) samples per user).
+        rep = r.step + 1
         assert r.value == pytest.approx(np.mean([xs[:rep] for xs in data.values()]), abs=1e-9)
         assert r.denominator == USERS * rep and r.diverse and r.neighbours == "values"
         assert r.noise_std > 0 and r.ci95 > 0 and r.mechanism.startswith("withhold_release_mean+")
@@ -418,3 +420,33 @@ def test_streaming_keys_keep_the_first_keys_in_arrival_order():
     assert last["A"].value == pytest.approx((10.0 + 6.0 + 2.0) / 3)
     assert last["B"].value == pytest.approx((0.0 + 4.0 + 5.0) / 3)
     assert sorted(e.key for e in out["accounting"]) == ["A", "B"]
+
+
+def test_values_prior_query_matches_the_engine_free_mechanism_with_a_test_seed():
+    # 20 users of 256 samples under "values": the plan answers a prior query
+    # (a one-off noisy mean of user means) for the top levels. The transform's
+    # per-user sums of user means must reach the core as the engine-free ones do.
+    from dp_beam.mechanisms import SeededNoise
+    from dp_beam.mechanisms.continual_mean import ContinualMean as EngineFree
+
+    rnd = random.Random(7)
+    users, m, per_step = 20, 256, 16
+    data = {f"u{u}": [rnd.uniform(-5, 15) for _ in range(m)] for u in range(users)}
+    events = sorted(({"user": u, "ts": (i // per_step) * STEP + 1 + (i % per_step) * 0.5, "v": x}
+                     for u, xs in data.items() for i, x in enumerate(xs)),
+                    key=lambda e: (e["ts"], e["user"]))
+    test_seed = 31
+    transform = _mean(max_samples_per_user=m, epsilon=20.0, max_users=users, neighbours="values",
+                      rng=SeededNoise(test_seed))
+    assert transform.params.query and transform.params.prior_levels == [6, 7, 8]
+    rel = sorted(_run(transform, events)["releases"], key=lambda r: r.step)
+    steps = m // per_step
+    assert [r.step for r in rel] == list(range(steps))
+
+    ref = EngineFree(-5.0, 15.0, m, 20.0, max_users=users, neighbours="values", rng=SeededNoise(test_seed))
+    assert ref.privacy_cost() == transform.params.privacy_cost()
+    for r in rel:
+        want = ref.step([(e["user"], e["v"]) for e in events if int(e["ts"] // STEP) == r.step])
+        assert r.value == pytest.approx(want.estimate, rel=1e-9, abs=1e-9)
+        assert r.active_levels == tuple(want.active)
+    assert ref.core.query is not None and rel[-1].active_levels == tuple(range(9))
