@@ -51,7 +51,7 @@ baselines' ``release``) is rerun per seed.
         [--plot docs/img/user_mean_accuracy.png] [--markdown docs/user_mean_accuracy.md]
 
 ``--quick`` (ε = 1, participation, 4 seeds, a smaller sweep) takes about a
-minute; the default run about eleven.
+minute; the default run about sixteen.
 """
 
 import argparse
@@ -406,8 +406,9 @@ def write_markdown(path, flight_rows, synth_rows, seeds, argv, few_user_rows=(),
              "how precise a prior its levels may require (θ): with few users the release never "
              "becomes precise enough for narrow truncation, and the plan then widens it or gives "
              "no level a prior (`MeanParams.planned_error`). Where the tuned preset still falls "
-             "short (see the rows below): with a few hundred users, Gaussian noise and "
-             "`neighbours=\"values\"` it only ties with Algorithm 2 (routes); users whose means differ are "
+             "short (see the rows below): with one or a few hundred users under "
+             "`neighbours=\"values\"` it only ties with Algorithm 2 (routes with Gaussian noise, "
+             "destinations); users whose means differ are "
              "clipped by the truncation around the common mean, a bias that shows once the noise "
              "is small (synthetic, 100,000 users × 4,096 samples, and the Beta(6, 14) rows); and at "
              "small ε fewer levels, i.e. a smaller effective cap, can be more accurate at the end "
