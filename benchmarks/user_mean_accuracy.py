@@ -41,7 +41,8 @@ Two parts, both engine-free (dp_beam.mechanisms.continual_mean):
    overtakes (ratio < 1) and by how much. A few rows repeat it with
    Beta(6, 14) user means (sd 0.1): users that differ that much are clipped
    by the truncation around the common mean, the bias of Algorithm 6's
-   i.i.d. model.
+   i.i.d. model; the last rows repeat the clipped cells with a declared
+   ``user_spread`` (0.06 for Beta(30, 70), 0.2 for Beta(6, 14)).
 
 The per-user schedule and the per-step aggregates do not depend on the noise:
 they are built once and only the noisy part (``ContinualMeanCore``, the
@@ -328,11 +329,12 @@ def synthetic_part(cells, seeds, log, steps=64):
         f"means, {len(seeds)} seeds; end-of-stream RMS error")
     rows = []
     t0 = time.time()
-    for beta_ab, users_list, samples_list in cells:
+    for beta_ab, users_list, samples_list, *opt in cells:
+        user_spread = opt[0] if opt else 0.0
         for U, M in [(U, M) for U in users_list for M in samples_list]:
             build, sums, truth = synthetic_stream(U, M, steps, data_seed=U + M, beta_ab=beta_ab)
             for noise, delta in NOISES:
-                p = MeanParams(U, M, 1.0, delta=delta, horizon=steps)
+                p = MeanParams(U, M, 1.0, delta=delta, horizon=steps, user_spread=user_spread)
                 aggs = build(p)
                 e6 = [run_core(p, aggs, s)[-1] for s in seeds]
                 e2 = [run_release(lambda src: StepNaiveMean(0.0, 1.0, M, 1.0, noise=noise, delta=delta,
@@ -342,7 +344,7 @@ def synthetic_part(cells, seeds, log, steps=64):
                 e6 = (np.array(e6) - LOWER) / (UPPER - LOWER)
                 r6 = float(np.sqrt(np.mean((np.clip(e6, 0, 1) - truth[-1]) ** 2)))
                 r2 = float(np.sqrt(np.mean((np.clip(np.array(e2), 0, 1) - truth[-1]) ** 2)))
-                spread = f"Beta{beta_ab}"
+                spread = f"Beta{beta_ab}" + (f", user_spread {user_spread}" if user_spread else "")
                 rows.append((spread, U, M, noise, r6, r2, r6 / r2))
                 log(f"  {spread:12} users {U:>7,}  samples/user {M:>5}  {noise:8}  alg6 {r6:.5f}  "
                     f"alg2 {r2:.5f}  ratio {r6 / r2:5.2f}   [{time.time() - t0:.0f} s]")
@@ -499,7 +501,11 @@ def main(argv=None):
     else:
         eps_list, relations = [0.5, 1.0, 2.0], ["participation", "values"]
         cells = [((30, 70), [1_000, 10_000, 100_000], [64, 256, 1024, 4096]),
-                 ((6, 14), [10_000], [256, 4096])]
+                 ((6, 14), [10_000], [256, 4096]),
+                 # The same clipped cells with a declared user spread (about 1.3 and 2
+                 # standard deviations of the user means).
+                 ((30, 70), [10_000, 100_000], [4096], 0.06),
+                 ((6, 14), [10_000], [4096], 0.2)]
         synth_seeds = seeds[:10]
     t0 = time.time()
     flight_rows, curves = flights_part(eps_list, relations, seeds, print)

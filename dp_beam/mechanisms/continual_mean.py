@@ -463,6 +463,15 @@ class MeanParams:
       takes the query's estimate or the release, whichever has the smaller
       public bound, both post-processing; the budget composes sequentially
       (basic for ε, zCDP for ρ), so :meth:`privacy_cost` still sums to ε.
+    * *user spread* (``user_spread``, default 0). The truncation widths
+      assume i.i.d. users; users whose own means lie apart from the common
+      mean see their level sums clipped, a bias that grows with s and shows
+      once the noise is small (measured: 2.3–4.4× Algorithm 2's error with
+      100,000 users of 4,096 samples). A declared public bound on how far
+      a user's mean may lie from the common one, as a fraction of the
+      range, widens every I_ℓ by s·``user_spread`` on each side. It enters
+      Δ_ℓ, hence the element bounds the trees are calibrated to; like every
+      width, it is public and changes accuracy only.
     * *clamped counts* (participation): the count coordinates are numbers
       of users or of elements (one per user), so the noisy counts are
       clamped to [0, n] (post-processing). The estimate's denominator is at
@@ -540,7 +549,7 @@ class MeanParams:
     def __init__(self, max_users, max_samples_per_user, epsilon, beta=0.1, *, dim=1,
                  neighbours="participation", noise=None, delta=None,
                  median_budget=None, tree_levels=None, mechanism=None, horizon=None,
-                 preset="tuned", prior_ratio=None, prior_query=None):
+                 preset="tuned", prior_ratio=None, prior_query=None, user_spread=0.0):
         if preset not in PRESETS:
             raise ValueError(f"preset must be one of {PRESETS}, got {preset!r}")
         self.preset = preset
@@ -580,6 +589,12 @@ class MeanParams:
             if prior_query and neighbours != "values":
                 raise ValueError("prior_query=True needs neighbours='values' (user counts must be public)")
         self.prior_query = prior_query
+        if (isinstance(user_spread, bool) or not isinstance(user_spread, numbers.Real)
+                or not 0.0 <= user_spread < 1.0):
+            raise ValueError(f"user_spread must be a number in [0, 1), got {user_spread!r}")
+        if user_spread and preset != "tuned":
+            raise ValueError("user_spread applies to preset='tuned' only")
+        self.user_spread = float(user_spread)
         if mechanism is None:
             mechanism = "tree" if preset == "paper" else default_mechanism(noise, horizon)
         # Any continual-counting mechanism works per level: the trees are
@@ -719,7 +734,7 @@ class MeanParams:
             H = _clip_term(s)
             G = math.ceil(2 * 2 ** (level / 2))
             gamma = theta * H / s
-            Delta = H + s * (gamma + 1 / (2 * G))
+            Delta = H + s * (gamma + 1 / (2 * G) + self.user_spread)
             if 2 * Delta >= s:
                 continue                                   # truncation cannot help: no prior
             self.prior_levels.append(level)
@@ -1611,12 +1626,12 @@ class ContinualMean:
     def __init__(self, lower, upper, max_samples_per_user, epsilon, *, max_users, beta=0.1, dim=1,
                  neighbours="participation", noise=None, delta=None, horizon=None,
                  median_budget=None, mechanism=None, preset="tuned", prior_ratio=None,
-                 prior_query=None, rng=None):
+                 prior_query=None, user_spread=0.0, rng=None):
         self.params = MeanParams(max_users, max_samples_per_user, epsilon, beta, dim=dim,
                                  neighbours=neighbours, noise=noise, delta=delta,
                                  median_budget=median_budget, mechanism=mechanism,
                                  horizon=horizon, preset=preset, prior_ratio=prior_ratio,
-                                 prior_query=prior_query)
+                                 prior_query=prior_query, user_spread=user_spread)
         self.lower, self.upper = _rescale_setup(lower, upper, self.params.dim)
         self.core = ContinualMeanCore(self.params, self.lower, self.upper, horizon, rng)
         self.users = {}

@@ -577,6 +577,12 @@ class ContinualMean(beam.PTransform):
         Algorithm 7 medians, for reproducing seed 003); see
         :class:`dp_beam.mechanisms.continual_mean.MeanParams`.
       median_budget: ``"per_L"`` or ``"per_L_minus_1"`` (§6 A5; ``"paper"`` only).
+      user_spread: tuned preset: a public bound, as a fraction of
+        ``upper - lower``, on how far a user's own mean may lie from the
+        common mean (default 0: users alike, the paper's i.i.d. model).
+        Clipping widens by that much per sample, so users that differ are
+        not clipped toward the common mean; declare it when users differ
+        and the stream is large (``MeanParams`` "user spread").
       horizon: steps per stream or ``None`` (unbounded trees, §1.6 U2).
       timestamp_fn, allowed_lateness, late, max_idle_steps: as ``ContinualCount``.
       mechanism: the continual-counting mechanism of every level's tree (as in
@@ -632,7 +638,8 @@ class ContinualMean(beam.PTransform):
     def __init__(self, user_fn, value_fn, lower, upper, max_samples_per_user, epsilon, step, *,
                  key_fn=None, max_keys_per_user=1, dim=None,
                  max_users=1_000_000, beta=0.1, neighbours="participation", noise=None,
-                 delta=None, preset="tuned", median_budget=None, horizon=None, timestamp_fn=None,
+                 delta=None, preset="tuned", median_budget=None, horizon=None, user_spread=0.0,
+                 timestamp_fn=None,
                  allowed_lateness=datetime.timedelta(days=1), late="defer", max_idle_steps=1024,
                  mechanism=None, rng=None, label=None):
         super().__init__(label)
@@ -661,7 +668,7 @@ class ContinualMean(beam.PTransform):
         # mechanism=None: MeanParams picks by preset, noise family and horizon.
         kw = dict(dim=self._dim, neighbours=neighbours, noise=noise, delta=delta,
                   median_budget=median_budget, mechanism=mechanism, horizon=horizon,
-                  preset=preset)
+                  preset=preset, user_spread=user_spread)
         # The whole budget first: it validates every parameter with its name.
         whole = MeanParams(max_users, max_samples_per_user, epsilon, beta, **kw)
         k = self._max_keys

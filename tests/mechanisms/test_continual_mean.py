@@ -778,3 +778,48 @@ def test_prior_query_sum_moves_by_at_most_one_per_user_under_values():
         other, when_other = trace(flipped)
         assert np.max(np.abs(base - other)) <= 1.0 + 1e-9
         assert when_other == when
+
+
+# -- user spread (tuned) ------------------------------------------------------------------
+
+def test_user_spread_widens_every_truncated_level_and_keeps_the_budget():
+    base = MeanParams(10_000, 4096, 1.0, horizon=64, prior_ratio=1.0)
+    wide = MeanParams(10_000, 4096, 1.0, horizon=64, prior_ratio=1.0, user_spread=0.06)
+    assert wide.prior_levels and set(wide.prior_levels) <= set(base.prior_levels)
+    for lv in wide.prior_levels:
+        s = element_size(lv)
+        assert wide.Delta[lv] == pytest.approx(base.Delta[lv] + 0.06 * s)
+        assert wide.element_bound[lv] == pytest.approx(wide.Delta[lv]) and wide.Delta[lv] < s / 2
+    assert wide.privacy_cost()["epsilon"] == pytest.approx(1.0, rel=1e-12)
+    # A level that the spread leaves no room to clip takes no prior.
+    assert MeanParams(10_000, 4096, 1.0, horizon=64, prior_ratio=1.0, user_spread=0.5).prior_levels == []
+    for bad in (-0.1, 1.0, float("nan"), "0.1", True):
+        with pytest.raises(ValueError, match="user_spread"):
+            MeanParams(100, 64, 1.0, user_spread=bad)
+    with pytest.raises(ValueError, match="user_spread"):
+        MeanParams(100, 64, 1.0, preset="paper", user_spread=0.1)
+
+
+def test_user_spread_stops_clipping_users_whose_means_differ():
+    # One user in eight has mean 0.536, the others 0.25 (samples ±0.1 around
+    # them; noise drawn as zeros, ε large so every level activates at the
+    # exact prior). The minority's level sums sit 0.25·s above the common
+    # mean: beyond Δ_9 ≈ 45 of s = 256 without a spread, so they are clipped;
+    # user_spread = 0.2 widens Δ_9 to ≈ 96 and Δ_8 to ≈ 58 (> 0.25·128).
+    n, m = 160, 512
+    rng = np.random.default_rng(23)
+    means = np.where(np.arange(n) % 8 == 0, 0.25 + 2 / 7, 0.25)
+    data = {u: means[u] + rng.uniform(-0.1, 0.1, size=m) for u in range(n)}
+    steps = [[(u, data[u][i]) for u in range(n)] for i in range(m)]
+    exact = np.mean([data[u] for u in range(n)])
+    ends = {}
+    for spread in (0.0, 0.2):
+        cm = ContinualMean(0.0, 1.0, m, 1e4, max_users=n, neighbours="values", horizon=m,
+                           prior_ratio=1.0, prior_query=False, user_spread=spread, rng=ZeroNoise())
+        assert {8, 9} <= set(cm.params.prior_levels)
+        for batch in steps:
+            out = cm.step(batch)
+        assert all(cm.active.values())
+        ends[spread] = out.estimate
+    assert ends[0.0] < exact - 1e-3                                # the minority clipped down
+    assert ends[0.2] == pytest.approx(exact, abs=1e-9)

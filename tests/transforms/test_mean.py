@@ -110,9 +110,10 @@ def test_configuration_errors_name_the_parameter():
     for kw, name in ((dict(lower=5.0, upper=1.0), "lower"), (dict(epsilon=-1.0), "epsilon"),
                      (dict(max_samples_per_user=0), "max_samples_per_user"),
                      (dict(step=0), "step"), (dict(neighbours="users"), "neighbours"),
-                     (dict(noise="gaussian"), "delta")):
+                     (dict(noise="gaussian"), "delta"), (dict(user_spread=1.5), "user_spread")):
         with pytest.raises(ValueError, match=name):
             _mean(**kw)
+    assert _mean(user_spread=0.1).params.user_spread == 0.1
 
 
 def test_streaming_releases_in_order_with_empty_steps():
