@@ -412,7 +412,8 @@ def write_markdown(path, flight_rows, synth_rows, seeds, argv, few_user_rows=(),
              "`neighbours=\"values\"` it only ties with Algorithm 2 (routes with Gaussian noise, "
              "destinations); users whose means differ are "
              "clipped by the truncation around the common mean, a bias that shows once the noise "
-             "is small (synthetic, 100,000 users × 4,096 samples, and the Beta(6, 14) rows); and at "
+             "is small (synthetic, 100,000 users × 4,096 samples, and the Beta(6, 14) rows) unless "
+             "their spread is declared (`user_spread`, the last synthetic rows); and at "
              "small ε fewer levels, i.e. a smaller effective cap, can be more accurate at the end "
              "(compare `alg6 paper`, whose top levels do not activate, at ε = 0.5).", "",
              "## Flights (2013 New York departures, aircraft-level privacy)", "",
