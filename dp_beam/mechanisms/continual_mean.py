@@ -875,13 +875,19 @@ class MeanParams:
         error = math.sqrt(var / den ** 2 + 0.25 * max(1 / den - 1 / full, 0.0))
         return error, sorted(active)
 
-    def query_noise_halfwidth(self):
-        """Tuned preset, prior query: the ``PRIOR_CONFIDENCE`` half-width of the query's noise
-        on the sum of user means, per coordinate (sensitivity 1 per coordinate: Laplace of
-        scale d/ε_q, whose exact quantile is ``scale·ln(1/(1−c))``; Gaussian of σ = √(d/(2ρ_q)))."""
+    def query_noise_scale(self):
+        """Tuned preset, prior query: the per-coordinate noise of the query's sum of user means
+        (sensitivity 1 per coordinate, L1 d, L2 √d): Laplace scale d/ε_q, or Gaussian σ = √(d/(2ρ_q))."""
         if self.noise == "laplace":
-            return self.dim / self.eps_level["query"] * math.log(1 / (1 - PRIOR_CONFIDENCE))
-        return gaussian_halfwidth(math.sqrt(self.dim / (2 * self.rho_level["query"])), PRIOR_CONFIDENCE)
+            return self.dim / self.eps_level["query"]
+        return math.sqrt(self.dim / (2 * self.rho_level["query"]))
+
+    def query_noise_halfwidth(self):
+        """Tuned preset, prior query: the ``PRIOR_CONFIDENCE`` half-width of that noise (Laplace:
+        the exact quantile ``scale·ln(1/(1−c))``)."""
+        if self.noise == "laplace":
+            return self.query_noise_scale() * math.log(1 / (1 - PRIOR_CONFIDENCE))
+        return gaussian_halfwidth(self.query_noise_scale(), PRIOR_CONFIDENCE)
 
     def query_bound(self, users, inv_count):
         """Tuned preset, prior query: public bound on the distance from μ of the query's estimate
@@ -1341,10 +1347,8 @@ class ContinualMeanCore:
         bound = p.query_bound(users, self.prefix_inv)
         if bound > p.query_target:
             return
-        if p.noise == "laplace":
-            noise = self.source.laplace(p.dim / p.eps_level["query"], p.dim)
-        else:
-            noise = self.source.gaussian(math.sqrt(p.dim / (2 * p.rho_level["query"])), p.dim)
+        draw = self.source.laplace if p.noise == "laplace" else self.source.gaussian
+        noise = draw(p.query_noise_scale(), p.dim)
         self.query = (np.clip((self.prefix_mean + noise) / users, 0.0, 1.0), bound, self.t)
 
     def _release_prior(self, level):
