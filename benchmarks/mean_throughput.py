@@ -12,7 +12,7 @@ aggregation each one does:
 - ``ContinualMean``: ``dp_beam.ContinualMean`` as in the ``user_mean`` job
   (aircraft = user, ε = 1, m = 512 flights per aircraft, daily steps, secure
   noise); it validates every flight itself (dead letters included) and
-  releases the running mean every day;
+  releases the running mean every day of the data set's public period;
 - ``PipelineDP``: ``pipeline_dp.DPEngine`` on ``BeamBackend``, Laplace noise,
   ``Metrics.MEAN`` per day (partition = day, public partitions = every day
   of the year, privacy id = tail number), same ε = 1, delay bounds [-30, 120],
@@ -27,7 +27,9 @@ aggregation each one does:
 PipelineDP releases one batch mean per day, ContinualMean a continual
 running mean; both answer "mean delay by day" with the same per-aircraft
 budget and contribution bound, which is what makes their throughput
-comparable, not their outputs.
+comparable, not their outputs. Both use the same public days: the UTC days
+of the data set's period (2013 in New York local time: 366 UTC days),
+declared, never the span of the events, whatever ``--events`` keeps.
 
     python benchmarks/mean_throughput.py [--repeats 3] [--events N] [--pipelinedp-bounds total|per-day]
 """
@@ -43,12 +45,16 @@ import apache_beam as beam  # noqa: E402
 
 import dp_beam as dpb  # noqa: E402
 from benchmarks.throughput import run_once  # noqa: E402
-from pipelines.flights import load_flights  # noqa: E402
+from dp_beam.transforms.schedule import resolve_schedule  # noqa: E402
+from pipelines.flights import PERIOD_START, load_flights, period_end  # noqa: E402
 
 DAY = 86400
 LOWER, UPPER = -30.0, 120.0
 EPSILON = 1.0
 M = 512
+# The public period of the data set (its definition: the flights of 2013 in
+# New York local time), the schedule of the private releases.
+START, END = PERIOD_START, period_end()
 
 
 def usable(event):
@@ -74,7 +80,7 @@ def non_private(events, days):
 def continual_mean(events, days):
     return (events | "dp mean" >> dpb.ContinualMean(
         user_fn=lambda e: e["tailnum"], value_fn=lambda e: e["dep_delay"], lower=LOWER,
-        upper=UPPER, max_samples_per_user=M, epsilon=EPSILON, step=DAY,
+        upper=UPPER, max_samples_per_user=M, epsilon=EPSILON, step=DAY, start=START, end=END,
         max_users=10_000)).releases
 
 
@@ -118,8 +124,10 @@ def main(argv=None):
     events = load_flights()
     if args.events is not None:
         events = events[:args.events]
-    first, last = min(e["ts"] for e in events) // DAY, max(e["ts"] for e in events) // DAY
-    days = list(range(first, last + 1))
+    # Public partitions for PipelineDP: the days ContinualMean releases, from
+    # the declared period (never from the events' first and last times).
+    schedule = resolve_schedule(DAY, START, END)
+    days = list(range(schedule.start_step, schedule.end_step))
     cases = {"source only": source_only, "non-private": non_private,
              "ContinualMean": continual_mean,
              "PipelineDP": pipeline_dp_mean(args.pipelinedp_bounds)}

@@ -88,21 +88,37 @@ NOISES = (("laplace", None), ("gaussian", DELTA))
 
 # -- the flights stream -----------------------------------------------------------------
 
+def period_days():
+    """``(first UTC day, number of days)`` of the public schedule the ``user_mean`` job releases.
+
+    The data set's declared period (2013 in New York local time: 366 UTC
+    days), as :class:`ContinualMean` aligns it, never the first and last
+    flights' days.
+    """
+    from dp_beam.transforms.schedule import resolve_schedule
+    from pipelines.flights import PERIOD_START, period_end
+
+    schedule = resolve_schedule(DAY, PERIOD_START, period_end())
+    return schedule.start_step, schedule.steps
+
+
 def flights_steps():
-    """Per UTC day, the ``(tailnum, delay)`` pairs in time order; the first day's index."""
+    """Per UTC day of the public period, the ``(tailnum, delay)`` pairs in time order; the first day."""
     from pipelines.flights import load_flights
 
     events = [e for e in load_flights() if e["tailnum"] is not None and e["dep_delay"] is not None]
     events.sort(key=lambda e: e["ts"])
-    day0 = events[0]["ts"] // DAY
-    steps = [[] for _ in range(events[-1]["ts"] // DAY - day0 + 1)]
+    day0, n_days = period_days()
+    steps = [[] for _ in range(n_days)]
     for e in events:
         steps[e["ts"] // DAY - day0].append((e["tailnum"], e["dep_delay"]))
     return steps, day0
 
 
 def _airport_unit_steps(unit):
-    """The flights with an airport-based privacy unit, per UTC day: ``(unit id, delay)`` pairs.
+    """The flights with an airport-based privacy unit, per UTC day of the public period.
+
+    Each day holds ``(unit id, delay)`` pairs; returns them and the first day.
 
     The CSV is read with :func:`pipelines.flights.read_flights_csv` for its
     ``origin``/``dest`` columns; times as in :func:`pipelines.flights.load_flights`.
@@ -113,8 +129,8 @@ def _airport_unit_steps(unit):
     df = df[df["dep_delay"].notna()].copy()
     df["ts"] = _scheduled_departure_epoch(df)
     df = df.sort_values("ts", kind="stable")
-    day0 = int(df["ts"].iloc[0]) // DAY
-    steps = [[] for _ in range(int(df["ts"].iloc[-1]) // DAY - day0 + 1)]
+    day0, n_days = period_days()
+    steps = [[] for _ in range(n_days)]
     for ts, origin, dest, delay in zip(df["ts"], df["origin"], df["dest"], df["dep_delay"]):
         steps[int(ts) // DAY - day0].append((unit(origin, dest), float(delay)))
     return steps, day0

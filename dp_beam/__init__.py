@@ -7,15 +7,15 @@ are thin adapters around them.
 
 from dp_beam import accounting, io, mechanisms, records
 from dp_beam.accounting import Budget
-from dp_beam.records import AccountingReport, InvalidElement, LedgerEntry, Release
+from dp_beam.records import AccountingReport, InvalidElement, KeyAdmitted, LedgerEntry, Release
 from dp_beam.records_mean import MeanRelease
 from dp_beam.transforms import (CombineAccounting, ContinualCount, ContinualERM, ContinualMean,
                                 ContinualResult, ContinualSum, MultiResolutionERM,
-                                SlidingWindowERM, Stability, plan)
+                                PrivateKeys, SlidingWindowERM, Stability, plan)
 
 __version__ = "0.1.0"
 
 __all__ = ["AccountingReport", "Budget", "CombineAccounting", "ContinualCount", "ContinualERM",
-           "ContinualMean", "MultiResolutionERM", "SlidingWindowERM",
+           "ContinualMean", "KeyAdmitted", "MultiResolutionERM", "PrivateKeys", "SlidingWindowERM",
            "ContinualResult", "ContinualSum", "InvalidElement", "LedgerEntry", "MeanRelease",
            "Release", "Stability", "accounting", "io", "mechanisms", "plan", "records"]

@@ -38,6 +38,27 @@ class Release(NamedTuple):
     t: int = 0  # 1-based index of the step within its stream
 
 
+class KeyAdmitted(NamedTuple):
+    """A key admitted by private key selection (``keys=dpb.PrivateKeys(...)``): a release.
+
+    From ``step`` on, the key's statistic stream releases every step; its
+    first release covers all of the key's events before. ``threshold`` is the
+    public threshold the noisy count of distinct privacy units reached.
+
+    >>> a = KeyAdmitted("JFK-LAX", 12, 1036800.0, 1123200.0, 31.4, "key_selection+tree(laplace)",
+    ...                 "flights/keys")
+    >>> to_json(a)["record"], a.step
+    ('KeyAdmitted', 12)
+    """
+    key: Any
+    step: int
+    window_start: float
+    window_end: float
+    threshold: float
+    mechanism: str
+    transform: str = ""
+
+
 class LedgerEntry(NamedTuple):
     """A privacy charge, emitted on a transform's ``.accounting`` output.
 

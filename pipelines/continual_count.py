@@ -11,6 +11,10 @@ against that budget at construction. Outputs, under ``--output``:
 - ``invalid.jsonl``: events a transform could not use (cancelled flights have no delay)
 - ``continual_count.png``: the releases with their 95 % bands
 
+Both streams release every hour of a public schedule, ``--start`` to
+``--end`` (by default the data set's period: 2013 in New York local time, or
+its first ``--days`` days), whether flights departed in that hour or not.
+
 Run ``python -m pipelines.continual_count --output out [--truth] [--days N]``
 or ``dp-beam run continual_count ...``. Unrecognised flags are passed to Beam,
 so ``--runner PortableRunner --job_endpoint ...`` runs the same job on a
@@ -27,9 +31,10 @@ import apache_beam as beam
 from apache_beam.options.pipeline_options import PipelineOptions
 
 import dp_beam as dpb
-from pipelines.flights import flights_csv_path, load_flights
+from dp_beam.transforms.schedule import resolve_schedule
+from pipelines.flights import PERIOD_START, flights_csv_path, load_flights, period_end
 from pipelines.jobs import (LogProgress, job_parser, join_path, output_dir, print_dead_letters_and_budget,
-                           plan_only, read_jsonl, run)
+                           plan_only, read_jsonl, release_period, run)
 
 STEP = timedelta(hours=1)
 DELAY_LOWER, DELAY_UPPER = -30, 120
@@ -57,13 +62,20 @@ def _describe_release(release):
     return f"{release.transform!r} step {release.step} ending {end:%Y-%m-%d %H:%M} UTC"
 
 
-def build(p, epsilon, output_dir, limit_days=None, seed=None):
-    """Adds the demo to pipeline ``p``; returns the paths it writes."""
-    return _build(p, epsilon, output_dir, limit_days, seed)[0]
+def build(p, epsilon, output_dir, limit_days=None, seed=None, start=None, end=None):
+    """Adds the demo to pipeline ``p``; returns the paths it writes.
+
+    ``start``/``end`` are the public schedule (default: the data set's period,
+    :data:`~pipelines.flights.PERIOD_START` to ``period_end(limit_days)``).
+    """
+    return _build(p, epsilon, output_dir, limit_days, seed, start, end)[0]
 
 
-def _build(p, epsilon, output_dir, limit_days=None, seed=None):
+def _build(p, epsilon, output_dir, limit_days=None, seed=None, start=None, end=None):
     """Adds the demo to ``p``; returns (paths, {label: accounting}, budget)."""
+    # The schedule is declared (job options), never taken from the flights.
+    start = PERIOD_START if start is None else start
+    end = period_end(limit_days) if end is None else end
     # The file is read inside the pipeline, as a job reads its source: an
     # in-memory Create would pickle and compress every event into the job graph.
     events = (p
@@ -73,10 +85,11 @@ def _build(p, epsilon, output_dir, limit_days=None, seed=None):
               | "progress events" >> beam.ParDo(LogProgress("events read")))
     # Both transforms read every event, so their costs add up (sequential
     # composition): half the budget each keeps the total at epsilon.
-    count = events | COUNT_LABEL >> dpb.ContinualCount(epsilon=epsilon / 2, step=STEP, rng=seed)
+    count = events | COUNT_LABEL >> dpb.ContinualCount(
+        epsilon=epsilon / 2, step=STEP, start=start, end=end, rng=seed)
     delay = events | SUM_LABEL >> dpb.ContinualSum(
         value_fn=delay_minutes, lower=DELAY_LOWER, upper=DELAY_UPPER,
-        epsilon=epsilon / 2, step=STEP, rng=seed)
+        epsilon=epsilon / 2, step=STEP, start=start, end=end, rng=seed)
     budget = dpb.Budget(epsilon=epsilon)
     accountings = {COUNT_LABEL: count.accounting, SUM_LABEL: delay.accounting}
     report = ((count.accounting, delay.accounting)
@@ -99,22 +112,36 @@ def _build(p, epsilon, output_dir, limit_days=None, seed=None):
     return paths, accountings, budget
 
 
-def running_truth(flights, step_seconds):
+def step_range(step_seconds, start, end):
+    """The steps a transform releases for ``start``/``end`` (ISO-8601 or epoch seconds)."""
+    schedule = resolve_schedule(step_seconds, start, end)
+    return range(schedule.start_step, schedule.end_step)
+
+
+def running_truth(flights, step_seconds, start=None, end=None):
     """Non-private running count and clamped delay sum per step, empty steps included.
 
     Computed in plain Python from the same events, for comparison on public
-    data only; returns ``{label: [(window_end, running_value), ...]}``.
+    data only; returns ``{label: [(window_end, running_value), ...]}``. With
+    ``start`` and ``end`` (the job's public schedule) the series has one point
+    per released step and leaves out flights outside it, as the transforms do;
+    without them it spans the flights' own first to last step.
     """
     counts, sums = defaultdict(int), defaultdict(float)
+    steps = step_range(step_seconds, start, end) if start is not None else None
     for e in flights:
         k = e["ts"] // step_seconds
+        if steps is not None and k not in steps:
+            continue
         counts[k] += 1
         if e["dep_delay"] is not None:
             sums[k] += min(max(e["dep_delay"], DELAY_LOWER), DELAY_UPPER)
+    if steps is None:
+        steps = range(min(counts), max(counts) + 1)
     truth = {}
     for label, per_step in ((COUNT_LABEL, counts), (SUM_LABEL, sums)):
         total, series = 0, []
-        for k in range(min(counts), max(counts) + 1):
+        for k in steps:
             total += per_step.get(k, 0)
             series.append(((k + 1) * step_seconds, total))
         truth[label] = series
@@ -151,8 +178,10 @@ def parse_args(argv):
 def _construct(args, beam_args, create_output=True):
     options = PipelineOptions(beam_args, runner=args.runner)
     p = beam.Pipeline(options=options)
+    start, end = release_period(args)
     paths, accountings, budget = _build(p, args.epsilon, output_dir(args.output, create_output),
-                                        limit_days=args.days, seed=args.seed)
+                                        limit_days=args.days, seed=args.seed, start=start,
+                                        end=end)
     return p, paths, accountings, budget
 
 
@@ -182,7 +211,8 @@ def main(argv=None):
     }
     truth = None
     if args.truth:
-        truth = running_truth(load_flights(limit_days=args.days), int(STEP.total_seconds()))
+        truth = running_truth(load_flights(limit_days=args.days), int(STEP.total_seconds()),
+                              *release_period(args))
     output_dir = os.path.dirname(paths["releases"])
     png = plot_releases(paths["releases"], os.path.join(output_dir, "continual_count.png"),
                         truth=truth, titles=titles)

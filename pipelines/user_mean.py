@@ -10,7 +10,10 @@ flights per aircraft (the most any aircraft has is 546). The neighbour relation 
 transform's default, ``participation``: whether and when an aircraft flies
 is protected too, not only its delays. Flights without a tail number or a
 departure delay (cancelled) go to the invalid output with their reason.
-Outputs, under ``--output``:
+The mean is released every day of a public schedule, ``--start`` to ``--end``
+(by default the data set's period, 2013 in New York local time, or its first
+``--days`` days; days are UTC days, so the local period spans one more),
+whether aircraft flew that day or not. Outputs, under ``--output``:
 
 - ``releases.jsonl``: one private release per day (``MeanRelease``: value, noise std, 95 % half-width)
 - ``ledger.jsonl``: the privacy charge of the transform
@@ -34,9 +37,10 @@ import apache_beam as beam
 from apache_beam.options.pipeline_options import PipelineOptions
 
 import dp_beam as dpb
-from pipelines.continual_count import departure_time, read_flights, summarise
-from pipelines.jobs import LogProgress, job_parser, join_path, output_dir, plan_only, read_jsonl, run
-from pipelines.flights import flights_csv_path, load_flights
+from pipelines.continual_count import departure_time, read_flights, step_range, summarise
+from pipelines.jobs import (LogProgress, job_parser, join_path, output_dir, plan_only, read_jsonl,
+                            release_period, run)
+from pipelines.flights import PERIOD_START, flights_csv_path, load_flights, period_end
 
 STEP = timedelta(days=1)
 DELAY_LOWER, DELAY_UPPER = -30, 120
@@ -62,8 +66,11 @@ def _describe_release(release):
     return f"day {release.step} ending {end:%Y-%m-%d} UTC: {release.value:.2f} ± {release.ci95:.2f}"
 
 
-def _build(p, epsilon, output_dir, limit_days=None, seed=None):
+def _build(p, epsilon, output_dir, limit_days=None, seed=None, start=None, end=None):
     """Adds the job to ``p``; returns (paths, {label: accounting}, budget)."""
+    # The schedule is declared (job options), never taken from the flights.
+    start = PERIOD_START if start is None else start
+    end = period_end(limit_days) if end is None else end
     # Read inside the pipeline, as a job reads its source (see continual_count).
     events = (p
               | "flights file" >> beam.Create([flights_csv_path()])
@@ -73,7 +80,7 @@ def _build(p, epsilon, output_dir, limit_days=None, seed=None):
     mean = events | LABEL >> dpb.ContinualMean(
         user_fn=aircraft, value_fn=delay_minutes, lower=DELAY_LOWER, upper=DELAY_UPPER,
         max_samples_per_user=MAX_SAMPLES_PER_USER, epsilon=epsilon, step=STEP,
-        max_users=MAX_USERS, rng=seed)
+        start=start, end=end, max_users=MAX_USERS, rng=seed)
     budget = dpb.Budget(epsilon=epsilon)
     report = mean.accounting | "check budget" >> dpb.CombineAccounting(budget)
 
@@ -87,22 +94,35 @@ def _build(p, epsilon, output_dir, limit_days=None, seed=None):
     return paths, {LABEL: mean.accounting}, budget
 
 
-def build(p, epsilon, output_dir, limit_days=None, seed=None):
-    """Adds the job to pipeline ``p``; returns the paths it writes."""
-    return _build(p, epsilon, output_dir, limit_days, seed)[0]
+def build(p, epsilon, output_dir, limit_days=None, seed=None, start=None, end=None):
+    """Adds the job to pipeline ``p``; returns the paths it writes.
+
+    ``start``/``end`` are the public schedule (default: the data set's period,
+    :data:`~pipelines.flights.PERIOD_START` to ``period_end(limit_days)``).
+    """
+    return _build(p, epsilon, output_dir, limit_days, seed, start, end)[0]
 
 
-def running_truth(flights, step_seconds=int(STEP.total_seconds())):
+def running_truth(flights, step_seconds=int(STEP.total_seconds()), start=None, end=None):
     """Non-private running mean of the clamped delays per step, empty steps included.
 
     The same events the transform uses: flights with a tail number and a
     delay, each aircraft's first ``MAX_SAMPLES_PER_USER`` in time order.
     For comparison on public data only; returns ``[(window_end, mean), ...]``
-    (``nan`` before the first usable flight).
+    (``nan`` before the first usable flight). With ``start`` and ``end`` (the
+    job's public schedule) there is one point per released step and flights
+    outside it are left out, as the transform does; without them the series
+    spans the flights' own first to last step.
     """
     sums, counts, seen = defaultdict(float), defaultdict(int), defaultdict(int)
-    steps = [e["ts"] // step_seconds for e in flights]
+    if start is not None:
+        steps = step_range(step_seconds, start, end)
+    else:
+        steps = range(min(e["ts"] // step_seconds for e in flights),
+                      max(e["ts"] // step_seconds for e in flights) + 1)
     for e in sorted(flights, key=lambda e: e["ts"]):
+        if e["ts"] // step_seconds not in steps:
+            continue
         if e["tailnum"] is None or e["dep_delay"] is None:
             continue
         if seen[e["tailnum"]] >= MAX_SAMPLES_PER_USER:
@@ -112,7 +132,7 @@ def running_truth(flights, step_seconds=int(STEP.total_seconds())):
         sums[k] += min(max(e["dep_delay"], DELAY_LOWER), DELAY_UPPER)
         counts[k] += 1
     total, n, series = 0.0, 0, []
-    for k in range(min(steps), max(steps) + 1):
+    for k in steps:
         total += sums.get(k, 0.0)
         n += counts.get(k, 0)
         series.append(((k + 1) * step_seconds, total / n if n else float("nan")))
@@ -184,8 +204,10 @@ def parse_args(argv):
 def _construct(args, beam_args, create_output=True):
     options = PipelineOptions(beam_args, runner=args.runner)
     p = beam.Pipeline(options=options)
+    start, end = release_period(args)
     paths, accountings, budget = _build(p, args.epsilon, output_dir(args.output, create_output),
-                                        limit_days=args.days, seed=args.seed)
+                                        limit_days=args.days, seed=args.seed, start=start,
+                                        end=end)
     return p, paths, accountings, budget
 
 
@@ -202,7 +224,8 @@ def main(argv=None):
         return paths
     summarise(paths, elapsed)
     releases = read_jsonl(paths["releases"])
-    truth = running_truth(load_flights(limit_days=args.days)) if args.truth else None
+    truth = (running_truth(load_flights(limit_days=args.days), int(STEP.total_seconds()),
+                           *release_period(args)) if args.truth else None)
     if releases:
         last = max(releases, key=lambda r: r["step"])
         line = (f"last day: private mean {last['value']:.2f} ± {last['ci95']:.2f} min "

@@ -51,6 +51,9 @@ def test_plan_prints_transforms_units_budget_and_remaining(capsys):
 def test_errors_are_one_line_with_a_nonzero_status():
     for args, text in ((["plan", "no_such_job"], "unknown job 'no_such_job'"),
                        (["plan", "continual_count", "--epsilon", "-1"], "epsilon"),
+                       # The public schedule is checked when the transforms are built.
+                       (["plan", "continual_count", "--end", "2012-12-31T00:00:00Z"],
+                        "end must be after start"),
                        (["report", "/no/such/folder"], "no such folder")):
         proc = subprocess.run([DP_BEAM, *args], capture_output=True, text=True, timeout=120)
         assert proc.returncode != 0

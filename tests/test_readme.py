@@ -26,3 +26,13 @@ def test_privacy_accounting_example(tmp_path, capsys, monkeypatch):
     reports = [json.loads(l) for l in open(tmp_path / "report.jsonl")]
     final = max((r for r in reports if r["unit"] == "user"), key=lambda r: len(r["lines"]))
     assert final["epsilon"] == pytest.approx(0.4) and final["within_budget"]
+
+
+def test_using_it_example_runs_as_written(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    exec(compile(_section_code("Using it"), "README example", "exec"), {})
+    releases = [json.loads(l) for l in open(tmp_path / "out" / "departures.jsonl")]
+    # The README states 504 releases: 3 declared carriers x 168 hours of the declared week.
+    assert len(releases) == 504
+    assert {(r["key"], r["step"]) for r in releases} == {
+        (k, s) for k in ("AA", "B6", "UA") for s in range(376944, 376944 + 168)}

@@ -60,3 +60,11 @@ __all__ += [
     "participation_sensitivity",
     "prefix_sum_lower_bound",
 ]
+
+# Private key selection for continual release (counters of distinct units per key).
+from .key_selection import KeyCounter, KeySelection
+
+__all__ += [
+    "KeySelection",
+    "KeyCounter",
+]

@@ -487,6 +487,93 @@ class BinaryTreeMechanism:
             return self._output(self._roots)
         return self._output(self._roots + self._tree_sum(self._nodes, count))
 
+    def _tree_skip(self, nodes, c0, c1, scale):
+        """Move a tree's h-vector state from count c0 to c1 over zero inputs.
+
+        Level i changes only if ``c0 >> i != c1 >> i``. Then, if bit i of c1
+        is set, the live level-i node at c1 was created during the skip; its
+        exact value is the part of it seen by c0, which the state holds at
+        level i when that node began by c0 (``c0 >> i == (c1 >> i) − 1``: bit
+        i of c0 is then 0, so ``nodes[i]`` is that partial sum), and 0 when it
+        lies wholly in the skipped steps. If bit i of c1 is 0, the partial sum
+        of the next level-i node covers skipped steps only: 0. Levels that do
+        not change keep their noisy node or partial sum, exactly as ``step``
+        with zeros would (adding 0 to an open level changes nothing).
+        """
+        for i in range(nodes.shape[0]):
+            a, b = c0 >> i, c1 >> i
+            if a == b:
+                continue
+            if b & 1:
+                partial = nodes[i] if a == b - 1 else 0.0
+                nodes[i] = partial + self._draw(scale)
+            else:
+                nodes[i] = 0.0
+
+    def skip(self, n):
+        """Advance by n steps whose inputs are all zero, drawing O(log t) noises.
+
+        The state afterwards has exactly the distribution it would have after
+        ``n`` calls of ``step(0)``, so every future release does too; only the
+        releases of the skipped steps are not produced. Use: a counter that
+        must be aligned to a public start although its data began later (it
+        is the counter run from the start on zeros).
+
+        Why it is exact: the state holds, per level, either a live noisy node
+        or the exact partial sum of the next node (class docstring, "State").
+        A node created during the skip holds the inputs before the skip that
+        it covers (read from the partial sum) plus one fresh noise of the
+        same scale that ``step`` would have drawn; a level whose next node
+        lies in the skipped steps holds 0. Nodes created and superseded within
+        the skip are read by no later release and are never drawn. Unbounded
+        streams finish each epoch as ``step`` does: its root (partial sum plus
+        noise) is folded into the running sum of roots and the tree freed; an
+        epoch skipped whole contributes one fresh root noise of its scale.
+
+        Draws: at most one per level of each epoch the skip touches, i.e. at
+        most ``h`` (bounded) or ``⌊log2 t⌋ + 1`` plus one root per completed
+        epoch (unbounded), instead of ``n``. Works at any ``t``, before or
+        after steps; ``n = 0`` does nothing. Raises ``ValueError`` if ``n`` is
+        not an int >= 0 or ``t + n`` exceeds the horizon (the state is then
+        unchanged). Returns None; :meth:`current` reads the release at the
+        new ``t``.
+
+        >>> from dp_beam.mechanisms import BinaryTreeMechanism, ZeroNoise
+        >>> m = BinaryTreeMechanism(epsilon=1.0, horizon=16, rng=ZeroNoise())
+        >>> m.step(2.0)
+        2.0
+        >>> m.skip(5)
+        >>> m.t, m.current(), m.step(1.0)
+        (6, 2.0, 3.0)
+        """
+        if isinstance(n, bool) or not isinstance(n, numbers.Integral) or n < 0:
+            raise ValueError(f"n must be an int >= 0, got {n!r}")
+        n = int(n)
+        t0, t1 = self._t, self._t + n
+        if self._horizon is not None and t1 > self._horizon:
+            raise ValueError(f"horizon exceeded: horizon is {self._horizon}, skip to step {t1} requested")
+        if self._horizon is not None:
+            self._tree_skip(self._nodes, t0, t1, self._node_scale(self._nodes.shape[0]))
+            self._t = t1
+            return None
+
+        t = t0
+        while t < t1:
+            # Epoch k holds the next step t+1; the skip runs to its end or to t1.
+            k = (t + 1).bit_length() - 1
+            first, last = 1 << k, (1 << (k + 1)) - 1
+            stop = min(t1, last)
+            if self._nodes is None:
+                self._nodes = np.zeros((k + 1, self._dim), dtype=np.float64)
+            self._tree_skip(self._nodes, t - first + 1, stop - first + 1, self._node_scale(k + 1))
+            if stop == last:
+                # As in step: the epoch's root is its only live node.
+                self._roots = self._roots + self._nodes[k]
+                self._nodes = None
+            t = stop
+            self._t = t
+        return None
+
     def current(self):
         """The current release (the spec's ``sum()``), without consuming input.
 

@@ -26,19 +26,11 @@ from dp_beam.mechanisms.postprocess import MonotoneRelease
 from dp_beam.mechanisms.registry import default_mechanism, get_mechanism
 from dp_beam.records import LedgerEntry, Release
 from dp_beam.transforms.events import INVALID, BoundContributions, PrepareEvents
-from dp_beam.transforms.release import ReleaseSpec, release_in_order
+from dp_beam.transforms.keys import UNITS, EventUnits
+from dp_beam.transforms.release import ReleaseSpec
+from dp_beam.transforms.streams import (private_keys, release_streams, seconds,
+                                        set_release_options, validation)
 
-
-
-def seconds(name, value, allow_zero=False) -> float:
-    """A length of time given as seconds or ``timedelta``, validated."""
-    if isinstance(value, datetime.timedelta):
-        value = value.total_seconds()
-    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
-        raise ValueError(f"{name} must be a number of seconds or a timedelta, got {value!r}")
-    if value < 0 or (value == 0 and not allow_zero):
-        raise ValueError(f"{name} must be {'>= 0' if allow_zero else 'positive'}, got {value!r}")
-    return float(value)
 
 
 def _real(name, value) -> float:
@@ -53,32 +45,6 @@ def _callable(name, fn, required=False):
     if not callable(fn):
         raise ValueError(f"{name} must be callable, got {fn!r}")
     return fn
-
-
-def set_release_options(transform, step, allowed_lateness, late, max_idle_steps, rng):
-    """Validates the ordered-release options every continual transform takes.
-
-    Sets ``_step`` (seconds), ``_step_micros``, ``_allowed_lateness``,
-    ``_late``, ``_max_idle`` and ``_seed`` on ``transform``; raises
-    ``ValueError`` naming the parameter.
-    """
-    transform._step = seconds("step", step)
-    transform._step_micros = int(round(transform._step * 1e6))
-    if transform._step_micros < 1:
-        raise ValueError(f"step must be at least one microsecond, got {step!r}")
-    transform._allowed_lateness = seconds("allowed_lateness", allowed_lateness, allow_zero=True)
-    if late not in ("defer", "drop"):
-        raise ValueError(f"late must be 'defer' or 'drop', got {late!r}")
-    transform._late = late
-    if (isinstance(max_idle_steps, bool) or not isinstance(max_idle_steps, int)
-            or max_idle_steps < 1):
-        raise ValueError(f"max_idle_steps must be an integer >= 1, got {max_idle_steps!r}")
-    transform._max_idle = max_idle_steps
-    if rng is not None and not isinstance(rng, NoiseSource) and (
-            isinstance(rng, bool) or not isinstance(rng, int)):
-        raise ValueError("rng must be None (secure noise), or for tests an int seed or a "
-                         f"dp_beam.mechanisms NoiseSource, got {rng!r}")
-    transform._seed = rng
 
 
 class _SumCount(beam.CombineFn):
@@ -130,7 +96,7 @@ class CounterReleaseSpec(ReleaseSpec):
         self._ledger = ledger_template
         self._monotone = monotone
 
-    def new_mechanism(self, rng):
+    def new_mechanism(self, rng, first=None):
         mechanism = get_mechanism(self._mechanism)(rng=rng, **self._args)
         return MonotoneRelease(mechanism) if self._monotone else mechanism
 
@@ -156,17 +122,19 @@ class CounterReleaseSpec(ReleaseSpec):
 class _ContinualTotal(beam.PTransform):
     """Common construction of ContinualCount and ContinualSum."""
 
-    def __init__(self, epsilon, step, value_fn=None, lower=None, upper=None, *, key_fn=None,
+    def __init__(self, epsilon, step, value_fn=None, lower=None, upper=None, *, start=None,
+                 end=None, key_fn=None, keys=None,
                  timestamp_fn=None, privacy_unit="event", user_fn=None, max_contributions=None,
                  mechanism=None, noise="laplace", delta=None, calibration="zcdp",
                  horizon=None, allowed_lateness=datetime.timedelta(days=1), late="defer",
-                 hot_key_fanout=None, max_idle_steps=1024, monotone=False, rng=None,
+                 hot_key_fanout=None, monotone=False, rng=None,
                  label=None):
         super().__init__(label)
-        set_release_options(self, step, allowed_lateness, late, max_idle_steps, rng)
+        set_release_options(self, step, allowed_lateness, late, rng, start=start, end=end,
+                            horizon=horizon, key_fn=key_fn, keys=keys)
         self._value_fn = _callable("value_fn", value_fn)
         self._lower, self._upper = lower, upper
-        self._key_fn = _callable("key_fn", key_fn)
+        self._key_fn = key_fn
         self._timestamp_fn = _callable("timestamp_fn", timestamp_fn)
         if privacy_unit not in ("event", "user"):
             raise ValueError(f"privacy_unit must be 'event' or 'user', got {privacy_unit!r}")
@@ -232,18 +200,26 @@ class _ContinualTotal(beam.PTransform):
 
     def expand(self, events):
         label = self.label
+        schedule, declared, side = validation(self)
         prepared = events | "Validate" >> beam.ParDo(PrepareEvents(
             label, self._value_fn, self._lower, self._upper, self._key_fn, self._user_fn,
-            self._timestamp_fn)).with_outputs(INVALID, main="valid")
+            self._timestamp_fn, schedule, declared), **side).with_outputs(INVALID, main="valid")
         invalids = [prepared[INVALID]]
         valid = prepared.valid
+        selecting = private_keys(self)
+        units = None
         if self._unit == "user":
+            max_keys = selecting.max_keys_per_unit if selecting is not None else None
             bounded = (valid
                        | "UserWindow" >> beam.WindowInto(GlobalWindows())
                        | "BoundContributions" >> beam.ParDo(BoundContributions(
-                           label, self._max_contributions)).with_outputs(INVALID, main="kept"))
+                           label, self._max_contributions, max_keys)).with_outputs(
+                               INVALID, UNITS, main="kept"))
             invalids.append(bounded[INVALID])
             valid = bounded.kept
+            units = bounded[UNITS]
+        elif selecting is not None:
+            units = valid | "EventUnits" >> beam.ParDo(EventUnits())
 
         combine = beam.CombinePerKey(_SumCount())
         if self._fanout is not None:
@@ -256,13 +232,11 @@ class _ContinualTotal(beam.PTransform):
                       | "StepIndex" >> beam.ParDo(_StepOf(self._step_micros))
                       | "Rewindow" >> beam.WindowInto(GlobalWindows()))
 
-        bounded_input = events.is_bounded
         entry = self.plan_entry(label)
         spec = CounterReleaseSpec(label, self._step, self._mechanism, self._mechanism_args, entry,
                                   self._monotone)
-        return release_in_order(aggregates, spec, entry, invalids, bounded=bounded_input,
-                                late=self._late, seed=self._seed,
-                                max_idle_steps=self._max_idle)
+        return release_streams(self, events, aggregates, spec, entry, invalids, units=units,
+                               unit=self._unit)
 
 
 class ContinualCount(_ContinualTotal):
@@ -277,7 +251,8 @@ class ContinualCount(_ContinualTotal):
     >>> import apache_beam as beam
     >>> from apache_beam.options.pipeline_options import PipelineOptions
     >>> import dp_beam as dpb
-    >>> count = dpb.ContinualCount(epsilon=1.0, step=10, timestamp_fn=lambda e: e["ts"], rng=0)
+    >>> count = dpb.ContinualCount(epsilon=1.0, step=10, start=0, end=40,
+    ...                            timestamp_fn=lambda e: e["ts"], rng=0)
     >>> with beam.Pipeline(options=PipelineOptions(flags=[], runner="FnApiRunner")) as p:
     ...     out = p | beam.Create([{"ts": 5.0}, {"ts": 7.0}, {"ts": 25.0}]) | count
     ...     _ = out.releases | beam.Map(
@@ -285,11 +260,42 @@ class ContinualCount(_ContinualTotal):
     0 1 tree 1.41
     1 2 tree 3.16
     2 3 tree 3.16
+    3 4 tree 5.29
+
+    One stream per declared key, every step from ``start`` to ``end``, with
+    or without events (the key set and the schedule are public):
+
+    >>> count = dpb.ContinualCount(epsilon=1.0, step=10, start=0, end=30,
+    ...                            key_fn=lambda e: e["k"], keys=["a", "b"],
+    ...                            timestamp_fn=lambda e: e["ts"], rng=0)
+    >>> with beam.Pipeline(options=PipelineOptions(flags=[], runner="FnApiRunner")) as p:
+    ...     out = p | beam.Create([{"ts": 5.0, "k": "a"}, {"ts": 7.0, "k": "z"}]) | count
+    ...     _ = (out.releases | beam.Map(lambda r: (r.key, r.step)) | beam.combiners.ToList()
+    ...          | beam.Map(lambda pairs: print(sorted(pairs))))
+    ...     _ = out.invalid | beam.Map(lambda bad: print(bad.reason))
+    undeclared key 'z' (not in keys)
+    [('a', 0), ('a', 1), ('a', 2), ('b', 0), ('b', 1), ('b', 2)]
 
     Args:
       epsilon: privacy parameter of every stream (> 0).
       step: step length (seconds or ``timedelta``); step k covers [k·step, (k+1)·step).
-      key_fn: optional element → key; one stream per key.
+      start: required: the first step released (a ``datetime``, an ISO-8601
+        string or epoch seconds; aligned down to the step grid; naive times are
+        UTC). Every stream releases every step from the step holding ``start``,
+        with events or without; events of earlier steps go to ``.invalid``.
+      end: the step holding ``end`` is the last released (an aligned ``end``
+        releases nothing of the step it begins); same forms. Required for
+        bounded input unless ``horizon`` is given (then ``start + horizon``
+        steps); streaming without ``end`` releases with the watermark, forever.
+        Events of later steps go to ``.invalid``.
+      key_fn: optional element → key; one stream per key. Needs ``keys``.
+      keys: the public key set: an iterable of keys, or a bounded PCollection
+        of them (read as a side input); each has its stream from ``start`` and
+        events of other keys go to ``.invalid`` ("undeclared key"). Or
+        ``dpb.PrivateKeys(epsilon, delta, ...)``: keys are admitted by a
+        private, continual selection (its cost is charged separately;
+        admissions are :class:`~dp_beam.records.KeyAdmitted` records on
+        ``.releases``).
       timestamp_fn: optional element → event time in epoch seconds; by default
         the element's Beam timestamp.
       privacy_unit: ``"event"`` or ``"user"`` (needs ``user_fn`` and
@@ -303,7 +309,8 @@ class ContinualCount(_ContinualTotal):
         accurate there but its exact intervals cost ~21 ms per release).
       noise: ``"laplace"`` (pure ε) or ``"gaussian"`` (needs ``delta``).
       calibration: Gaussian only: ``"zcdp"`` or ``"analytic"``.
-      horizon: number of steps per stream, or ``None`` for unbounded.
+      horizon: number of steps per stream, or ``None`` for unbounded; with no
+        ``end``, the streams end after ``horizon`` steps.
       allowed_lateness: how late (event time behind the watermark) an event may
         arrive and still be used (default one day). Beyond it Beam's windowing
         drops the event before this transform sees it (the runner's
@@ -312,10 +319,6 @@ class ContinualCount(_ContinualTotal):
         counted into the next unreleased step (``"defer"``) or sent to
         ``.invalid`` (``"drop"``); metrics count both.
       hot_key_fanout: optional fan-out for the per-step combine of hot keys.
-      max_idle_steps: unbounded input only: after this many consecutive empty
-        steps a stream pauses until its next event, then releases the paused
-        steps in order (none is skipped). This bounds the empty releases after
-        the watermark jumps to the end of time (a drained job, a test stream).
       monotone: release ``max(previous release, estimate)`` so that the running
         total never decreases (free post-processing; needs ``lower >= 0`` for
         sums). The release's ``noise_std``/``ci95`` describe the unadjusted
@@ -346,7 +349,8 @@ class ContinualSum(_ContinualTotal):
     >>> from dp_beam.mechanisms import ZeroNoise   # noise off: for the example only
     >>> events = [{"ts": float(t), "delay": float(t % 5)} for t in range(30)]
     >>> total = dpb.ContinualSum(value_fn=lambda e: e["delay"], lower=0, upper=3, epsilon=1.0,
-    ...                          step=10, timestamp_fn=lambda e: e["ts"], rng=ZeroNoise())
+    ...                          step=10, start=0, end=30, timestamp_fn=lambda e: e["ts"],
+    ...                          rng=ZeroNoise())
     >>> with beam.Pipeline(options=PipelineOptions(flags=[], runner="FnApiRunner")) as p:
     ...     out = p | beam.Create(events) | total
     ...     _ = out.releases | beam.Map(lambda r: print(r.step, r.value))

@@ -42,9 +42,11 @@ from dp_beam.mechanisms import ZeroNoise
 from dp_beam.mechanisms import erm as erm_mech
 from dp_beam.records import LedgerEntry
 from dp_beam.records_erm import ModelRecord
-from dp_beam.transforms.continual import _StepOf, set_release_options
+from dp_beam.transforms.continual import _StepOf
 from dp_beam.transforms.events import INVALID, NAMESPACE, ValidatingDoFn, as_real
-from dp_beam.transforms.release import ReleaseSpec, release_in_order
+from dp_beam.transforms.release import ReleaseSpec
+from dp_beam.transforms.streams import (private_keys, release_streams, set_release_options,
+                                        validation)
 
 NEIGHBOURS = "replace one event (the event count per stream is public: blocks are count-triggered)"
 
@@ -60,16 +62,16 @@ class _PreparePoints(ValidatingDoFn):
     """
 
     def __init__(self, transform, features_fn, label_fn, n_features, classes, feature_bound,
-                 key_fn=None, timestamp_fn=None):
-        super().__init__(transform, key_fn, timestamp_fn)
+                 key_fn=None, timestamp_fn=None, schedule=None, keys=None):
+        super().__init__(transform, key_fn, timestamp_fn, schedule, keys)
         self._features_fn, self._label_fn = features_fn, label_fn
         self._d = n_features
         self._classes = tuple(classes)
         self._bound = feature_bound
         self._clipped = Metrics.counter(NAMESPACE, f"{transform}.clipped")
 
-    def process(self, element, timestamp=beam.DoFn.TimestampParam):
-        ts, key, err = self._time_and_key(element, timestamp)
+    def process(self, element, timestamp=beam.DoFn.TimestampParam, declared=None):
+        ts, key, err = self._time_and_key(element, timestamp, declared)
         if err:
             yield self._reject(element, err)
             return
@@ -162,7 +164,7 @@ class ERMReleaseSpec(ReleaseSpec):
     def events(self, aggregate):
         return len(aggregate)
 
-    def new_mechanism(self, rng, log=None):
+    def new_mechanism(self, rng, first=None, log=None):
         return self._cls(rng=rng, log=log, **self._args)
 
     def restore(self, state, rng, log=None):
@@ -194,9 +196,10 @@ class _ERMTransform(beam.PTransform):
     _stream_cls = None
 
     def __init__(self, features_fn, label_fn, classes, n_features, feature_bound, lam, epsilon,
-                 block_size, step, *, key_fn=None, timestamp_fn=None, fit_intercept=True,
+                 block_size, step, *, start=None, end=None, key_fn=None, keys=None,
+                 timestamp_fn=None, fit_intercept=True,
                  noise="l2_laplace", delta=None, allowed_lateness=datetime.timedelta(days=1),
-                 late="defer", max_idle_steps=1024, rng=None, label=None, **stream_kwargs):
+                 late="defer", rng=None, label=None, **stream_kwargs):
         super().__init__(label)
         for name, fn in (("features_fn", features_fn), ("label_fn", label_fn)):
             if not callable(fn):
@@ -206,7 +209,13 @@ class _ERMTransform(beam.PTransform):
                 raise ValueError(f"{name} must be callable, got {fn!r}")
         self._features_fn, self._label_fn = features_fn, label_fn
         self._key_fn, self._timestamp_fn = key_fn, timestamp_fn
-        set_release_options(self, step, allowed_lateness, late, max_idle_steps, rng)
+        set_release_options(self, step, allowed_lateness, late, rng, start=start, end=end,
+                            key_fn=key_fn, keys=keys)
+        if private_keys(self) is not None:
+            raise ValueError(
+                "keys=PrivateKeys(...) is not available for ERM streams: their neighbours replace "
+                "one event and their blocks are count-triggered, while private key selection is "
+                "stated for adding or removing a unit; declare the keys (keys=[...])")
         if isinstance(classes, (str, bytes)):
             raise ValueError(f"classes must be a sequence of labels, got {classes!r}")
         self._args = dict(epsilon=epsilon, block_size=block_size, n_features=n_features,
@@ -237,9 +246,11 @@ class _ERMTransform(beam.PTransform):
     def expand(self, events):
         label = self.label
         probe = self._probe
+        schedule, declared, side = validation(self)
         prepared = events | "Validate" >> beam.ParDo(_PreparePoints(
             label, self._features_fn, self._label_fn, probe.loss.n_features, probe.loss.classes,
-            probe.loss.feature_bound, self._key_fn, self._timestamp_fn)).with_outputs(INVALID, main="valid")
+            probe.loss.feature_bound, self._key_fn, self._timestamp_fn, schedule, declared),
+            **side).with_outputs(INVALID, main="valid")
         invalids = [prepared[INVALID]]
         aggregates = (prepared.valid
                       | "StepWindows" >> beam.WindowInto(
@@ -248,12 +259,9 @@ class _ERMTransform(beam.PTransform):
                       | "PerStep" >> beam.CombinePerKey(_CollectPoints())
                       | "StepIndex" >> beam.ParDo(_StepOf(self._step_micros))
                       | "Rewindow" >> beam.WindowInto(GlobalWindows()))
-        bounded_input = events.is_bounded
         entry = self.plan_entry(label)
         spec = ERMReleaseSpec(label, self._step, self._stream_cls, self._args, entry)
-        return release_in_order(aggregates, spec, entry, invalids, bounded=bounded_input,
-                                late=self._late, seed=self._seed,
-                                max_idle_steps=self._max_idle)
+        return release_streams(self, events, aggregates, spec, entry, invalids)
 
 
 _COMMON_ARGS = """
@@ -271,13 +279,18 @@ _COMMON_ARGS = """
       step: event-time step (seconds or ``timedelta``) at which points are
         handed to the mechanism, in event-time order; models are released when
         blocks complete, not at every step.
+      start, end: the public schedule, as ``ContinualCount`` (``end`` required
+        for bounded input); points outside it go to ``.invalid``.
       key_fn: optional element → key; one independent stream per key (parallel
-        composition: each event feeds one key).
+        composition: each event feeds one key). Needs ``keys``.
+      keys: the public key set (an iterable or a bounded PCollection); points of
+        other keys go to ``.invalid``. Private key selection is not offered:
+        it is stated for add/remove neighbours, these streams for replace-one.
       timestamp_fn: optional element → event time in epoch seconds.
       fit_intercept: append a constant feature (regularised like the weights).
       noise: ``"l2_laplace"`` (default, pure ε), ``"coord_laplace_l1"`` (pure
         ε) or ``"gaussian"`` (needs ``delta``; ρ-zCDP).
-      allowed_lateness, late, max_idle_steps: as ``ContinualCount``.
+      allowed_lateness, late: as ``ContinualCount``.
       rng: ``None`` (secure noise); tests only: an int seed or a ``NoiseSource``.
 """
 
@@ -308,7 +321,7 @@ class ContinualERM(_ERMTransform):
     ...            "y": int(t * 7 % 10 > 4)} for t in range(40)]
     >>> erm = dpb.ContinualERM(
     ...     features_fn=lambda e: e["x"], label_fn=lambda e: e["y"], classes=(0, 1), n_features=2, feature_bound=1.0, lam=0.1, epsilon=1.0, block_size=8, base_size=16,
-    ...     step=10,
+    ...     step=10, start=0, end=40,
     ...     timestamp_fn=lambda e: e["ts"], rng=test_seed)
     >>> with beam.Pipeline(options=PipelineOptions(flags=[], runner="FnApiRunner")) as p:
     ...     out = p | beam.Create(points) | erm
@@ -354,7 +367,7 @@ class SlidingWindowERM(_ERMTransform):
     ...            "y": int(t * 7 % 10 > 4)} for t in range(40)]
     >>> erm = dpb.SlidingWindowERM(
     ...     features_fn=lambda e: e["x"], label_fn=lambda e: e["y"], classes=(0, 1), n_features=2, feature_bound=1.0, lam=0.1, epsilon=1.0, block_size=8, window=24,
-    ...     step=10,
+    ...     step=10, start=0, end=40,
     ...     timestamp_fn=lambda e: e["ts"], rng=test_seed)
     >>> with beam.Pipeline(options=PipelineOptions(flags=[], runner="FnApiRunner")) as p:
     ...     out = p | beam.Create(points) | erm
@@ -397,7 +410,7 @@ class MultiResolutionERM(_ERMTransform):
     >>> points = [{"ts": float(t), "x": [(t * 7 % 10) / 10, (t * 3 % 10) / 10],
     ...            "y": int(t * 7 % 10 > 4)} for t in range(40)]
     >>> erm = dpb.MultiResolutionERM(
-    ...     features_fn=lambda e: e["x"], label_fn=lambda e: e["y"], classes=(0, 1), n_features=2, feature_bound=1.0, lam=0.1, epsilon=1.0, block_size=8, step=10,
+    ...     features_fn=lambda e: e["x"], label_fn=lambda e: e["y"], classes=(0, 1), n_features=2, feature_bound=1.0, lam=0.1, epsilon=1.0, block_size=8, step=10, start=0, end=40,
     ...     timestamp_fn=lambda e: e["ts"], rng=test_seed)
     >>> with beam.Pipeline(options=PipelineOptions(flags=[], runner="FnApiRunner")) as p:
     ...     out = p | beam.Create(points) | erm

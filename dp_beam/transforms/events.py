@@ -10,7 +10,7 @@ from typing import Any, Tuple
 
 import apache_beam as beam
 from apache_beam import pvalue
-from apache_beam.coders import VarIntCoder
+from apache_beam.coders import PickleCoder, VarIntCoder
 from apache_beam.metrics import Metrics
 from apache_beam.transforms.userstate import ReadModifyWriteStateSpec
 from apache_beam.utils.timestamp import MAX_TIMESTAMP, MIN_TIMESTAMP
@@ -48,10 +48,17 @@ class ValidatingDoFn(beam.DoFn):
     of failing the job. Counts rejections in the ``<transform>.invalid`` metric.
     """
 
-    def __init__(self, transform, key_fn=None, timestamp_fn=None):
+    def __init__(self, transform, key_fn=None, timestamp_fn=None, schedule=None, keys=None):
         self._transform = transform
         self._key_fn = key_fn
         self._timestamp_fn = timestamp_fn
+        self._schedule = schedule
+        # A frozenset of declared keys (or None: undeclared, or read from the
+        # ``declared`` side input). Kept as a dict to the declared instance, so
+        # an equal key of another type (numpy.str_ for str) joins its stream.
+        self._keys = None if keys is None else {k: k for k in keys}
+        self._side_source = None
+        self._side_keys = None
         self._invalid = Metrics.counter(NAMESPACE, f"{transform}.invalid")
 
     def _reject(self, element, reason):
@@ -81,21 +88,54 @@ class ValidatingDoFn(beam.DoFn):
                           "(give elements timestamps or pass timestamp_fn)")
         return ts, None
 
-    def _key(self, element):
-        """``(key, None)`` (``None`` without ``key_fn``), or ``(None, reason)``."""
+    def _declared(self, side):
+        if side is None:
+            return self._keys
+        if side is not self._side_source:
+            # The side input is the same list object for a whole bundle.
+            self._side_source = side
+            self._side_keys = {k: k for k in side}
+        return self._side_keys
+
+    def _key(self, element, side=None):
+        """``(key, None)`` (``None`` without ``key_fn``), or ``(None, reason)``.
+
+        With declared keys the key is returned as the declared instance, and a
+        key outside the declared set is rejected (a public rule: free).
+        """
         if self._key_fn is None:
             return None, None
         key, err = self._call("key_fn", self._key_fn, element)
         if err or key is None:
             return None, err or "key_fn returned None"
-        return key, None
+        declared = self._declared(side)
+        if declared is None:
+            try:
+                hash(key)
+            except TypeError:
+                return None, f"key_fn returned an unhashable {type(key).__name__}"
+            return key, None
+        try:
+            found = declared.get(key)
+        except TypeError:
+            return None, f"key_fn returned an unhashable {type(key).__name__}"
+        if found is None:
+            return None, f"undeclared key {key!r} (not in keys)"
+        return found, None
 
-    def _time_and_key(self, element, timestamp):
-        """``(seconds, key, None)``, or ``(None, None, reason)``: every transform's first checks."""
+    def _time_and_key(self, element, timestamp, side=None):
+        """``(seconds, key, None)``, or ``(None, None, reason)``: every transform's first checks.
+
+        The event time must fall in a released step of the public schedule.
+        """
         ts, err = self._event_time(element, timestamp)
         if err:
             return None, None, err
-        key, err = self._key(element)
+        if self._schedule is not None:
+            err = self._schedule.check(self._schedule.step_of(ts))
+            if err:
+                return None, None, err
+        key, err = self._key(element, side)
         if err:
             return None, None, err
         return ts, key, None
@@ -121,16 +161,16 @@ class PrepareEvents(ValidatingDoFn):
     """
 
     def __init__(self, transform, value_fn=None, lower=None, upper=None, key_fn=None,
-                 user_fn=None, timestamp_fn=None):
-        super().__init__(transform, key_fn, timestamp_fn)
+                 user_fn=None, timestamp_fn=None, schedule=None, keys=None):
+        super().__init__(transform, key_fn, timestamp_fn, schedule, keys)
         self._value_fn = value_fn
         self._lower = lower
         self._upper = upper
         self._user_fn = user_fn
         self._clamped = Metrics.counter(NAMESPACE, f"{transform}.clamped")
 
-    def process(self, element, timestamp=beam.DoFn.TimestampParam):
-        ts, key, err = self._time_and_key(element, timestamp)
+    def process(self, element, timestamp=beam.DoFn.TimestampParam, declared=None):
+        ts, key, err = self._time_and_key(element, timestamp, declared)
         if err:
             yield self._reject(element, err)
             return
@@ -172,16 +212,25 @@ class BoundContributions(beam.DoFn):
     Events beyond the cap go to ``invalid`` ("max_contributions exceeded"), so
     input = used + invalid still holds. Which events are kept depends on
     arrival order; any choice of at most the cap keeps the sensitivity.
+
+    With ``max_keys`` (private key selection) a user also keeps only its first
+    ``max_keys`` keys (events under others go to ``invalid``), and the first
+    event of a user under a key is signalled on the ``units`` output as
+    ``(key, event time)``: the selection counts distinct users per key.
     """
 
     COUNT = ReadModifyWriteStateSpec("contributions", VarIntCoder())
+    KEYS = ReadModifyWriteStateSpec("keys", PickleCoder())
 
-    def __init__(self, transform, max_contributions):
+    def __init__(self, transform, max_contributions, max_keys=None):
         self._transform = transform
         self._cap = max_contributions
+        self._max_keys = max_keys
         self._over = Metrics.counter(NAMESPACE, f"{transform}.over_contribution")
+        self._over_keys = Metrics.counter(NAMESPACE, f"{transform}.over_keys")
 
-    def process(self, element, count=beam.DoFn.StateParam(COUNT)):
+    def process(self, element, timestamp=beam.DoFn.TimestampParam,
+                count=beam.DoFn.StateParam(COUNT), keys=beam.DoFn.StateParam(KEYS)):
         user, (key, value) = element
         used = count.read() or 0
         if used >= self._cap:
@@ -190,5 +239,16 @@ class BoundContributions(beam.DoFn):
                 self._transform, f"max_contributions ({self._cap}) exceeded for user",
                 {"user": user, "key": key, "value": value}))
             return
+        if self._max_keys is not None:
+            seen = keys.read() or ()
+            if key not in seen:
+                if len(seen) >= self._max_keys:
+                    self._over_keys.inc()
+                    yield pvalue.TaggedOutput(INVALID, InvalidElement(
+                        self._transform, f"max_keys_per_unit ({self._max_keys}) exceeded for user",
+                        {"user": user, "key": key, "value": value}))
+                    return
+                keys.write(seen + (key,))
+                yield pvalue.TaggedOutput("units", (key, timestamp.micros / 1e6))
         count.write(used + 1)
         yield key, value

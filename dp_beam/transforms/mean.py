@@ -28,7 +28,9 @@ Neighbour relation (``neighbours=``)
     default is the one that holds.
 
 Keys (``key_fn=``, spec §4 R2/R3)
-    One mean stream per key. Parallel composition over keys would need every
+    One mean stream per key of the public key set (``keys=[...]``), or per key
+    admitted by private key selection (``keys=dpb.PrivateKeys(...)``, with
+    ``max_keys_per_unit`` = ``max_keys_per_user``). Parallel composition over keys would need every
     user's samples to fall under a single key; a user who may appear under
     several keys (an aircraft flying for two carriers) touches several streams,
     which compose sequentially for that user. So each user keeps at most
@@ -78,9 +80,12 @@ from dp_beam.mechanisms.continual_mean import (ContinualMeanCore, MeanAggregate,
                                                UserState, contribution, user_hash)
 from dp_beam.records import InvalidElement, LedgerEntry
 from dp_beam.records_mean import MeanRelease
-from dp_beam.transforms.continual import _StepOf, set_release_options
+from dp_beam.transforms.continual import _StepOf
 from dp_beam.transforms.events import INVALID, NAMESPACE, ValidatingDoFn, as_real
-from dp_beam.transforms.release import ReleaseSpec, release_in_order
+from dp_beam.transforms.keys import UNITS
+from dp_beam.transforms.release import ReleaseSpec
+from dp_beam.transforms.streams import (private_keys, release_streams, set_release_options,
+                                        validation)
 
 MECHANISM = "withhold_release_mean"
 
@@ -151,8 +156,9 @@ class _PrepareMeanEvents(ValidatingDoFn):
     ``invalid`` with the reason.
     """
 
-    def __init__(self, transform, value_fn, user_fn, key_fn, timestamp_fn, lower, upper):
-        super().__init__(transform, key_fn, timestamp_fn)
+    def __init__(self, transform, value_fn, user_fn, key_fn, timestamp_fn, lower, upper,
+                 schedule=None, keys=None):
+        super().__init__(transform, key_fn, timestamp_fn, schedule, keys)
         self._value_fn = value_fn
         self._user_fn = user_fn
         self._lo = [float(v) for v in lower]
@@ -194,8 +200,8 @@ class _PrepareMeanEvents(ValidatingDoFn):
             self._clamped.inc()
         return (out[0] if d == 1 else tuple(out)), None
 
-    def process(self, element, timestamp=beam.DoFn.TimestampParam):
-        ts, key, err = self._time_and_key(element, timestamp)
+    def process(self, element, timestamp=beam.DoFn.TimestampParam, declared=None):
+        ts, key, err = self._time_and_key(element, timestamp, declared)
         if err:
             yield self._reject(element, err)
             return
@@ -226,8 +232,10 @@ class _UserStage(beam.DoFn):
     its own samples.
     """
 
-    def __init__(self, transform, params, lower, upper, step_micros, max_keys):
+    def __init__(self, transform, params, lower, upper, step_micros, max_keys, selecting=False):
         self._transform = transform
+        # Private key selection: signal each user's first event under a key.
+        self._selecting = selecting
         self._params = params
         self._lower = np.asarray(lower, dtype=np.float64)
         self._range = np.asarray(upper, dtype=np.float64) - self._lower
@@ -288,10 +296,13 @@ class _WithholdRelease(_UserStage):
         user, (key, value, ts) = element
         stored = state.read() or {}
         streams = {k: [UserState.from_tuple(t), latest] for k, (t, latest) in stored.items()}
+        new = key not in streams
         out = self._consume(streams, user, key, value, ts)
         if isinstance(out, pvalue.TaggedOutput):
             yield out
             return
+        if new and self._selecting:
+            yield pvalue.TaggedOutput(UNITS, (key, ts))
         agg, latest, _ = out
         stored[key] = (streams[key][0].to_tuple(), latest)
         state.write(stored)
@@ -316,10 +327,13 @@ class _WithholdReleaseBatch(_UserStage):
         user, events = element
         streams, pending = {}, {}
         for key, value, ts in sorted(events, key=lambda e: e[2]):
+            new = key not in streams
             out = self._consume(streams, user, key, value, ts)
             if isinstance(out, pvalue.TaggedOutput):
                 yield out
                 continue
+            if new and self._selecting:
+                yield pvalue.TaggedOutput(UNITS, (key, ts))
             agg, _, step = out
             cur = pending.get(key)
             if cur is not None and cur[0] == step:
@@ -502,7 +516,7 @@ class MeanReleaseSpec(ReleaseSpec):
     def events(self, aggregate):
         return int(aggregate.events)
 
-    def new_mechanism(self, rng):
+    def new_mechanism(self, rng, first=None):
         return ContinualMeanCore(self._params, self._lower, self._upper, self.horizon, rng)
 
     def restore(self, state, rng):
@@ -584,7 +598,13 @@ class ContinualMean(beam.PTransform):
         not clipped toward the common mean; declare it when users differ
         and the stream is large (``MeanParams`` "user spread").
       horizon: steps per stream or ``None`` (unbounded trees, §1.6 U2).
-      timestamp_fn, allowed_lateness, late, max_idle_steps: as ``ContinualCount``.
+      start, end: the public schedule, as ``ContinualCount``: every stream
+        releases every step from ``start`` (the first user does not start it)
+        to ``end`` (required for bounded input unless ``horizon`` is given).
+      keys: the public key set (with ``key_fn``), or
+        ``dpb.PrivateKeys(..., max_keys_per_unit=max_keys_per_user)``; as
+        ``ContinualCount``.
+      timestamp_fn, allowed_lateness, late: as ``ContinualCount``.
       mechanism: the continual-counting mechanism of every level's tree (as in
         ``ContinualCount``); ``None`` picks the most accurate for the noise and
         horizon. Each tree is calibrated to the sum over steps of one
@@ -601,7 +621,7 @@ class ContinualMean(beam.PTransform):
     >>> events = [{"ts": float(t), "user": f"u{t % 10}", "delay": float(t % 5)} for t in range(30)]
     >>> mean = dpb.ContinualMean(user_fn=lambda e: e["user"], value_fn=lambda e: e["delay"],
     ...                          lower=0, upper=4, max_samples_per_user=4, epsilon=1.0, step=10,
-    ...                          timestamp_fn=lambda e: e["ts"], neighbours="values",
+    ...                          start=0, end=30, timestamp_fn=lambda e: e["ts"], neighbours="values",
     ...                          rng=ZeroNoise())
     >>> with beam.Pipeline(options=PipelineOptions(flags=[], runner="FnApiRunner")) as p:
     ...     out = p | beam.Create(events) | mean
@@ -617,7 +637,8 @@ class ContinualMean(beam.PTransform):
     ...            "xy": [0.5 + t % 2, 3.0]} for t in range(20)]
     >>> mean = dpb.ContinualMean(user_fn=lambda e: e["user"], value_fn=lambda e: e["xy"],
     ...                          lower=0, upper=[2, 4], max_samples_per_user=4, epsilon=1.0,
-    ...                          step=10, key_fn=lambda e: e["grp"], max_keys_per_user=2,
+    ...                          step=10, start=0, end=20, key_fn=lambda e: e["grp"], keys=["a", "b"],
+    ...                          max_keys_per_user=2,
     ...                          timestamp_fn=lambda e: e["ts"], neighbours="values",
     ...                          rng=ZeroNoise())
     >>> stream_epsilon = mean.params.privacy_cost()["epsilon"]
@@ -636,11 +657,11 @@ class ContinualMean(beam.PTransform):
     """
 
     def __init__(self, user_fn, value_fn, lower, upper, max_samples_per_user, epsilon, step, *,
-                 key_fn=None, max_keys_per_user=1, dim=None,
+                 start=None, end=None, key_fn=None, keys=None, max_keys_per_user=1, dim=None,
                  max_users=1_000_000, beta=0.1, neighbours="participation", noise=None,
                  delta=None, preset="tuned", median_budget=None, horizon=None, user_spread=0.0,
                  timestamp_fn=None,
-                 allowed_lateness=datetime.timedelta(days=1), late="defer", max_idle_steps=1024,
+                 allowed_lateness=datetime.timedelta(days=1), late="defer",
                  mechanism=None, rng=None, label=None):
         super().__init__(label)
         for name, fn in (("user_fn", user_fn), ("value_fn", value_fn)):
@@ -659,10 +680,14 @@ class ContinualMean(beam.PTransform):
             raise ValueError("max_keys_per_user > 1 needs key_fn (without keys there is one "
                              f"stream), got max_keys_per_user={max_keys_per_user!r}")
         self._max_keys = max_keys_per_user
-        set_release_options(self, step, allowed_lateness, late, max_idle_steps, rng)
-        if horizon is not None and (isinstance(horizon, bool) or not isinstance(horizon, int)
-                                    or horizon < 1):
-            raise ValueError(f"horizon must be an int >= 1 or None, got {horizon!r}")
+        set_release_options(self, step, allowed_lateness, late, rng, start=start, end=end,
+                            horizon=horizon, key_fn=key_fn, keys=keys)
+        selecting = private_keys(self)
+        if selecting is not None and selecting.max_keys_per_unit != max_keys_per_user:
+            raise ValueError(
+                "PrivateKeys.max_keys_per_unit must equal max_keys_per_user (the keys a user may "
+                f"contribute to), got max_keys_per_unit={selecting.max_keys_per_unit} and "
+                f"max_keys_per_user={max_keys_per_user}")
         self._horizon = horizon
         epsilon = _positive_real("epsilon", epsilon)
         # mechanism=None: MeanParams picks by preset, noise family and horizon.
@@ -721,12 +746,15 @@ class ContinualMean(beam.PTransform):
 
     def expand(self, events):
         label = self.label
+        schedule, declared, side = validation(self)
         prepared = events | "Validate" >> beam.ParDo(_PrepareMeanEvents(
             label, self._value_fn, self._user_fn, self._key_fn, self._timestamp_fn,
-            self._lower, self._upper)).with_outputs(INVALID, main="valid")
+            self._lower, self._upper, schedule, declared), **side).with_outputs(
+                INVALID, main="valid")
         invalids = [prepared[INVALID]]
         stage = dict(transform=label, params=self._params, lower=self._lower, upper=self._upper,
-                     step_micros=self._step_micros, max_keys=self._max_keys)
+                     step_micros=self._step_micros, max_keys=self._max_keys,
+                     selecting=private_keys(self) is not None)
         users = prepared.valid | "UserWindow" >> beam.WindowInto(GlobalWindows())
         if events.is_bounded:
             # Batch: a user's events grouped and taken in event-time order; the
@@ -734,13 +762,13 @@ class ContinualMean(beam.PTransform):
             per_user = (users
                         | "PerUser" >> beam.GroupByKey()
                         | "WithholdRelease" >> beam.ParDo(_WithholdReleaseBatch(**stage))
-                        .with_outputs(INVALID, main="aggregates"))
+                        .with_outputs(INVALID, UNITS, main="aggregates"))
             aggregates = (per_user.aggregates
                           | "PerStep" >> beam.CombinePerKey(_MergeAggregates())
                           | "StepIndex" >> beam.ParDo(_StepEnd(self._step_micros)))
         else:
             per_user = users | "WithholdRelease" >> beam.ParDo(
-                _WithholdRelease(**stage)).with_outputs(INVALID, main="aggregates")
+                _WithholdRelease(**stage)).with_outputs(INVALID, UNITS, main="aggregates")
             aggregates = (per_user.aggregates
                           | "StepWindows" >> beam.WindowInto(
                               FixedWindows(self._step),
@@ -749,10 +777,8 @@ class ContinualMean(beam.PTransform):
                           | "StepIndex" >> beam.ParDo(_StepOf(self._step_micros))
                           | "Rewindow" >> beam.WindowInto(GlobalWindows()))
         invalids.append(per_user[INVALID])
-        bounded_input = events.is_bounded
         entry = self.plan_entry(label)
         spec = MeanReleaseSpec(label, self._step, self._params, self._lower, self._upper,
                                self._horizon, entry)
-        return release_in_order(aggregates, spec, entry, invalids, bounded=bounded_input,
-                                late=self._late, seed=self._seed,
-                                max_idle_steps=self._max_idle)
+        return release_streams(self, events, aggregates, spec, entry, invalids,
+                               units=per_user[UNITS], unit="user")

@@ -36,8 +36,12 @@ from apache_beam.transforms.userstate import (BagStateSpec, ReadModifyWriteState
 from dp_beam.mechanisms import make_noise
 from dp_beam.records import InvalidElement
 from dp_beam.transforms.events import INVALID, NAMESPACE
+from dp_beam.transforms.schedule import NotAdmitted, Schedule, StreamStart
 
 ACCOUNTING = "accounting"
+#: ``next_step`` of a stream that will release nothing more.
+CLOSED = 2 ** 62
+NOT_ADMITTED = "key not admitted by private key selection"
 #: Attribute of an ``.accounting`` PCollection holding the transform's planned
 #: ledger entries, read by ``CombineAccounting`` and ``dp_beam.plan``.
 PLAN_ATTRIBUTE = "dp_beam_plan"
@@ -80,8 +84,9 @@ class ReleaseSpec:
     def events(self, aggregate) -> int:
         return int(aggregate[1])
 
-    def new_mechanism(self, rng):
-        """A new mechanism (with ``uses_log``, called with ``log=`` as well)."""
+    def new_mechanism(self, rng, first=None):
+        """A new mechanism for a stream opening at step ``first`` (with ``uses_log``, called with
+        ``log=`` as well)."""
         raise NotImplementedError
 
     def restore(self, state, rng):
@@ -93,8 +98,12 @@ class ReleaseSpec:
         raise NotImplementedError
 
     def ledger(self, key) -> List[Any]:
-        """Ledger entries charged when the stream of ``key`` starts."""
+        """Ledger entries charged when the stream of ``key`` opens."""
         raise NotImplementedError
+
+    def done(self, mechanism) -> bool:
+        """True when the stream will release nothing more (key selection after admission)."""
+        return False
 
     def window_end(self, step: int) -> float:
         return (step + 1) * self.step_seconds
@@ -243,28 +252,35 @@ class BagLog:
 
 @beam.typehints.with_output_types(Any)
 class OrderedReleaseDoFn(beam.DoFn):
-    """Releases each stream's steps in order, every step, from its first.
+    """Releases each stream's steps in order, every step, on the public schedule.
 
-    Input: ``(key, (step, aggregate))`` in the global window. Main output: the
-    spec's release records; tagged outputs ``accounting`` (ledger entries, once
-    per stream when it starts) and ``invalid``.
+    Input: ``(key, (step, aggregate))`` in the global window, where a
+    :class:`~dp_beam.transforms.schedule.StreamStart` aggregate opens the
+    stream of ``key`` at ``step`` (the declared ``start`` for declared keys;
+    the admission step for privately selected keys). Main output: the spec's
+    release records; tagged outputs ``accounting`` (ledger entries, once per
+    stream when it opens) and ``invalid``.
 
-    ``bounded``: for bounded input all timers fire after all input is in, so
-    the stream is released from its first step through ``last_step`` (the last
-    step with data across all keys, given as a side input) in one timer
-    firing. For unbounded input the looping timer releases each step as soon
-    as the watermark passes its end, empty steps included, and never stops
-    unless the horizon is reached.
+    The schedule is public (DESIGN.md "time model"): a stream releases every
+    step from the step it opens at through ``end_step − 1``, events or not.
+    Aggregates of a stream that has not opened yet wait in the buffer; those of
+    steps before the opening step are merged into it (the first release covers
+    everything before). For bounded input all timers fire after all input is
+    in, so one firing at the end of step ``end_step − 1`` releases the whole
+    stream. For unbounded input a looping timer releases each step as soon as
+    the watermark passes its end; without ``end_step`` it never stops. No
+    pause or stop depends on the data.
+
+    ``opens="data"`` (private key selection only) instead opens a stream at its
+    earliest step with data; its outputs are then only what the spec's
+    :meth:`ReleaseSpec.release` yields (admissions), and a spec whose
+    :meth:`ReleaseSpec.done` turns true stops its stream.
 
     ``late``: ``"defer"`` adds a late aggregate to the next unreleased step;
     ``"drop"`` sends it to ``invalid`` (as one record standing for its events).
-    ``max_idle_steps`` (unbounded input): after this many consecutive empty
-    steps the looping timer pauses until the stream's next aggregate arrives,
-    which re-arms it; the paused steps are then released in order, so no step
-    is skipped, only delayed. This is what ends a stream whose watermark has
-    jumped to the end of time (end of a test stream, a drained job): a looping
-    timer cannot see the watermark, so without a cap it would release empty
-    steps forever.
+    An aggregate that arrives after its stream's last step goes to ``invalid``.
+    A :class:`~dp_beam.transforms.schedule.NotAdmitted` aggregate closes a
+    stream that never opened: its buffered events go to ``invalid``.
 
     ``seed``: test-only; an int makes the noise of step k of key K come from a
     generator seeded by (seed, hash(K), k), so every key and step has its own
@@ -276,21 +292,24 @@ class OrderedReleaseDoFn(beam.DoFn):
     BUFFER = BagStateSpec("buffer", PickleCoder())
     MECHANISM = ReadModifyWriteStateSpec("mechanism", PickleCoder())
     NEXT = ReadModifyWriteStateSpec("next_step", VarIntCoder())
-    EARLIEST = ReadModifyWriteStateSpec("earliest_step", VarIntCoder())
     FIRST = ReadModifyWriteStateSpec("first_step", VarIntCoder())
-    LAST = ReadModifyWriteStateSpec("last_step", VarIntCoder())
-    IDLE = ReadModifyWriteStateSpec("idle_steps", VarIntCoder())
+    EARLIEST = ReadModifyWriteStateSpec("earliest_step", VarIntCoder())
     TIMER = TimerSpec("release", TimeDomain.WATERMARK)
 
     def __init__(self, spec: ReleaseSpec, bounded: bool, late: str = "defer",
-                 seed=None, max_idle_steps: int = 1024):
+                 seed=None, end_step: Optional[int] = None, opens: str = "start"):
         if late not in ("defer", "drop"):
             raise ValueError(f"late must be 'defer' or 'drop', got {late!r}")
+        if opens not in ("start", "data"):
+            raise ValueError(f"opens must be 'start' or 'data', got {opens!r}")
+        if bounded and end_step is None:
+            raise ValueError("end_step is required for bounded input")
         self._spec = spec
         self._bounded = bounded
         self._late = late
         self._seed = seed
-        self._max_idle = max_idle_steps
+        self._end = end_step
+        self._opens = opens
         label = spec.transform
         self._released = Metrics.counter(NAMESPACE, f"{label}.released_steps")
         self._empty = Metrics.counter(NAMESPACE, f"{label}.empty_steps")
@@ -315,108 +334,131 @@ class OrderedReleaseDoFn(beam.DoFn):
     def _end_micros(self, step):
         return int(round(self._spec.window_end(step) * 1e6)) / 1e6
 
+    def _closed(self, nxt):
+        return nxt is not None and (nxt >= CLOSED or (self._end is not None and nxt >= self._end))
+
+    def _invalid(self, key, step, aggregate, reason):
+        n = self._spec.events(aggregate)
+        if not n:
+            return None
+        return pvalue.TaggedOutput(INVALID, InvalidElement(
+            self._spec.transform, reason, {"key": key, "step": step, "aggregate": aggregate},
+            count=n))
+
     def process(self, element,
                 buffer=beam.DoFn.StateParam(BUFFER),
                 next_state=beam.DoFn.StateParam(NEXT),
-                earliest_state=beam.DoFn.StateParam(EARLIEST),
                 first_state=beam.DoFn.StateParam(FIRST),
-                last_state=beam.DoFn.StateParam(LAST),
-                timer=beam.DoFn.TimerParam(TIMER), last_step=None):
-        yield from self._process(element, buffer, next_state, earliest_state, first_state, last_state,
-                                 timer, last_step)
+                earliest_state=beam.DoFn.StateParam(EARLIEST),
+                timer=beam.DoFn.TimerParam(TIMER)):
+        yield from self._process(element, buffer, next_state, first_state, earliest_state, timer)
 
-    def _process(self, element, buffer, next_state, earliest_state, first_state, last_state, timer,
-                 last_step):
+    def _process(self, element, buffer, next_state, first_state, earliest_state, timer):
         key, (step, aggregate) = element
-        spec = self._spec
         nxt = next_state.read()
-        if nxt is not None:
-            first = first_state.read()
-            if spec.horizon is not None and step >= first + spec.horizon:
-                yield self._beyond_horizon(key, step, aggregate)
-                return
-            if step < nxt:
-                n = spec.events(aggregate)
-                if self._late == "drop":
-                    self._late_dropped.inc(n)
-                    yield pvalue.TaggedOutput(INVALID, InvalidElement(
-                        spec.transform, f"late: step {step} was already released",
-                        {"key": key, "step": step, "aggregate": aggregate}, count=n))
-                    return
-                self._late_deferred.inc(n)
-                step = nxt
-            buffer.add((step, aggregate))
-            if not self._bounded:
-                # Re-arms a loop paused by max_idle_steps; otherwise a no-op reset.
-                timer.set(self._end_micros(nxt))
+        if isinstance(aggregate, StreamStart):
+            if nxt is None:
+                first_state.write(step)
+                next_state.write(step)
+                timer.set(self._end_micros(self._end - 1 if self._bounded else step))
             return
-
+        if isinstance(aggregate, NotAdmitted):
+            if nxt is None:
+                for s, agg in buffer.read():
+                    out = self._invalid(key, s, agg, NOT_ADMITTED)
+                    if out is not None:
+                        yield out
+                buffer.clear()
+                next_state.write(CLOSED)
+            return
+        if self._closed(nxt):
+            if first_state.read() is None:
+                reason = NOT_ADMITTED
+            elif self._end is not None:
+                reason = f"late: the stream ended at step {self._end - 1}"
+            else:
+                reason = "the stream is closed"
+            out = self._invalid(key, step, aggregate, reason)
+            if out is not None:
+                yield out
+            return
+        if nxt is not None and step < nxt and nxt > first_state.read():
+            # Late: its step was already released. (Before the first release,
+            # earlier steps simply merge into the opening step.)
+            n = self._spec.events(aggregate)
+            if self._late == "drop":
+                self._late_dropped.inc(n)
+                out = self._invalid(key, step, aggregate,
+                                    f"late: step {step} was already released")
+                if out is not None:
+                    yield out
+                return
+            self._late_deferred.inc(n)
+            step = nxt
         buffer.add((step, aggregate))
-        earliest = earliest_state.read()
-        if earliest is None or step < earliest:
-            earliest_state.write(step)
-            earliest = step
-        if self._bounded:
-            # All input precedes every timer firing in bounded mode: one firing at
-            # the end of the last step releases the whole stream.
-            last = max(last_step if last_step is not None else step, step)
-            if spec.horizon is not None:
-                last = min(last, earliest + spec.horizon - 1)
-            last_state.write(last)
-            timer.set(self._end_micros(last))
-        else:
-            timer.set(self._end_micros(earliest))
-
-    def _beyond_horizon(self, key, step, aggregate):
-        return pvalue.TaggedOutput(INVALID, InvalidElement(
-            self._spec.transform, f"step {step} is beyond the horizon of {self._spec.horizon} steps",
-            {"key": key, "step": step, "aggregate": aggregate}, count=self._spec.events(aggregate)))
+        if nxt is None and self._opens == "data":
+            earliest = earliest_state.read()
+            if earliest is None or step < earliest:
+                earliest_state.write(step)
+                timer.set(self._end_micros(self._end - 1 if self._bounded else step))
 
     @on_timer(TIMER)
     def on_release(self, key=beam.DoFn.KeyParam, fire=beam.DoFn.TimestampParam,
                    buffer=beam.DoFn.StateParam(BUFFER),
                    mech_state=beam.DoFn.StateParam(MECHANISM),
                    next_state=beam.DoFn.StateParam(NEXT),
-                   earliest_state=beam.DoFn.StateParam(EARLIEST),
                    first_state=beam.DoFn.StateParam(FIRST),
-                   last_state=beam.DoFn.StateParam(LAST),
-                   idle_state=beam.DoFn.StateParam(IDLE),
+                   earliest_state=beam.DoFn.StateParam(EARLIEST),
                    timer=beam.DoFn.TimerParam(TIMER)):
-        yield from self._fire(key, fire, buffer, mech_state, next_state, earliest_state, first_state,
-                              last_state, idle_state, timer)
+        yield from self._fire(key, fire, buffer, mech_state, next_state, first_state,
+                              earliest_state, timer)
 
-    def _fire(self, key, fire, buffer, mech_state, next_state, earliest_state, first_state, last_state,
-              idle_state, timer, log=None):
+    def _open(self, key, first, with_log):
+        """The new mechanism of a stream opening at ``first``, and its ledger entries."""
+        mechanism = self._spec.new_mechanism(self._rng(key, first), first=first, **with_log)
+        entries = [pvalue.TaggedOutput(ACCOUNTING, beam.window.TimestampedValue(
+            entry, self._end_micros(first))) for entry in self._spec.ledger(key)]
+        return mechanism, entries
+
+    def _fire(self, key, fire, buffer, mech_state, next_state, first_state, earliest_state,
+              timer, log=None):
         spec = self._spec
         with_log = {} if log is None else {"log": log}
         nxt = next_state.read()
-        if nxt is None:
-            nxt = earliest_state.read()
-            first = nxt
-            first_state.write(first)
-            earliest_state.clear()
-            mechanism = spec.new_mechanism(self._rng(key, first), **with_log)
-            for entry in spec.ledger(key):
-                yield pvalue.TaggedOutput(ACCOUNTING, beam.window.TimestampedValue(
-                    entry, self._end_micros(first)))
-        else:
-            first = first_state.read()
-            mechanism = None
-
-        fire_s = fire.micros / 1e6
-        if self._bounded:
-            until = last_state.read()
-        else:
-            # Steps whose end the watermark has passed: end(k) = (k+1)·step <= fire.
-            until = int(np.floor(fire_s / spec.step_seconds + 1e-9)) - 1
-        if spec.horizon is not None:
-            until = min(until, first + spec.horizon - 1)
-
         pending = {}
         for step, aggregate in buffer.read():
             pending[step] = spec.merge(pending[step], aggregate) if step in pending else aggregate
-        idle = idle_state.read() or 0
-        for step in range(nxt, until + 1):
+        if nxt is None:
+            if self._opens != "data" or not pending:
+                return
+            nxt = min(pending)
+            first_state.write(nxt)
+            earliest_state.clear()
+        if self._closed(nxt):
+            return
+        first = first_state.read()
+        mechanism = None
+        if nxt == first and mech_state.read() is None:
+            mechanism, entries = self._open(key, first, with_log)
+            yield from entries
+        # Aggregates that waited for the stream to open belong to its first step.
+        for step in [s for s in pending if s < nxt]:
+            aggregate = pending.pop(step)
+            pending[nxt] = spec.merge(pending[nxt], aggregate) if nxt in pending else aggregate
+
+        if self._bounded:
+            until = self._end - 1
+        else:
+            # Steps whose end the watermark has passed: end(k) = (k+1)·step <= fire.
+            until = int(np.floor(fire.micros / 1e6 / spec.step_seconds + 1e-9)) - 1
+            if self._end is not None:
+                until = min(until, self._end - 1)
+        if spec.horizon is not None:
+            until = min(until, first + spec.horizon - 1)
+
+        done = False
+        step = nxt
+        while step <= until and not done:
             if mechanism is None or self._per_step_seed():
                 # A test seed gives each step its own generator, so restore per step.
                 state = mech_state.read() if mechanism is None else mechanism.to_state()
@@ -425,31 +467,39 @@ class OrderedReleaseDoFn(beam.DoFn):
             if aggregate is None:
                 self._empty.inc()
                 aggregate = spec.zero()
-                idle += 1
-            else:
-                idle = 0
             self._released.inc()
             # Stamped at the step's end, the moment of release and the timer's
             # watermark hold: one microsecond earlier and a downstream window
             # closing at that end would already be expired, and drop it.
             for record in spec.release(mechanism, key, step, aggregate):
-                yield beam.window.TimestampedValue(record, self._end_micros(step))
+                if isinstance(record, pvalue.TaggedOutput):
+                    yield record
+                else:
+                    yield beam.window.TimestampedValue(record, self._end_micros(step))
+            done = spec.done(mechanism)
+            step += 1
         if mechanism is not None:
             mech_state.write(mechanism.to_state())
         if log is not None:
             log.flush()
-        next_state.write(max(nxt, until + 1))
-        idle_state.write(idle)
-
+        last = first + spec.horizon - 1 if spec.horizon is not None else None
+        if done or (last is not None and step > last):
+            # Nothing more will be released: the stream is closed.
+            next_state.write(CLOSED)
+            buffer.clear()
+            for s, aggregate in sorted(pending.items()):
+                out = self._invalid(key, s, aggregate,
+                                    "the stream is closed" if done else
+                                    f"step {s} is beyond the horizon of {spec.horizon} steps")
+                if out is not None:
+                    yield out
+            return
+        next_state.write(step)
         buffer.clear()
-        exhausted = spec.horizon is not None and until + 1 >= first + spec.horizon
-        for step, aggregate in pending.items():
-            if exhausted and step > until:
-                yield self._beyond_horizon(key, step, aggregate)
-            else:
-                buffer.add((step, aggregate))
-        if not self._bounded and not exhausted and (idle < self._max_idle or pending):
-            timer.set(self._end_micros(max(nxt, until + 1)))
+        for s, aggregate in pending.items():
+            buffer.add((s, aggregate))
+        if not self._bounded and not self._closed(step):
+            timer.set(self._end_micros(step))
 
 
 @beam.typehints.with_output_types(Any)
@@ -468,67 +518,68 @@ class LoggedReleaseDoFn(OrderedReleaseDoFn):
     BUFFER = OrderedReleaseDoFn.BUFFER
     MECHANISM = OrderedReleaseDoFn.MECHANISM
     NEXT = OrderedReleaseDoFn.NEXT
-    EARLIEST = OrderedReleaseDoFn.EARLIEST
     FIRST = OrderedReleaseDoFn.FIRST
-    LAST = OrderedReleaseDoFn.LAST
-    IDLE = OrderedReleaseDoFn.IDLE
+    EARLIEST = OrderedReleaseDoFn.EARLIEST
     LOG = BagStateSpec("log", PickleCoder())
     LOG_META = ReadModifyWriteStateSpec("log_meta", PickleCoder())
 
     def __init__(self, spec: ReleaseSpec, bounded: bool, late: str = "defer",
-                 seed=None, max_idle_steps: int = 1024):
-        super().__init__(spec, bounded, late, seed, max_idle_steps)
+                 seed=None, end_step: Optional[int] = None, opens: str = "start"):
+        super().__init__(spec, bounded, late, seed, end_step, opens)
         self._log_reads = Metrics.counter(NAMESPACE, f"{spec.transform}.log_entries_read")
         self._log_compactions = Metrics.counter(NAMESPACE, f"{spec.transform}.log_compactions")
 
     def process(self, element,
                 buffer=beam.DoFn.StateParam(BUFFER),
                 next_state=beam.DoFn.StateParam(NEXT),
-                earliest_state=beam.DoFn.StateParam(EARLIEST),
                 first_state=beam.DoFn.StateParam(FIRST),
-                last_state=beam.DoFn.StateParam(LAST),
-                timer=beam.DoFn.TimerParam(TIMER), last_step=None):
-        yield from self._process(element, buffer, next_state, earliest_state, first_state, last_state,
-                                 timer, last_step)
+                earliest_state=beam.DoFn.StateParam(EARLIEST),
+                timer=beam.DoFn.TimerParam(TIMER)):
+        yield from self._process(element, buffer, next_state, first_state, earliest_state, timer)
 
     @on_timer(TIMER)
     def on_release(self, key=beam.DoFn.KeyParam, fire=beam.DoFn.TimestampParam,
                    buffer=beam.DoFn.StateParam(BUFFER),
                    mech_state=beam.DoFn.StateParam(MECHANISM),
                    next_state=beam.DoFn.StateParam(NEXT),
-                   earliest_state=beam.DoFn.StateParam(EARLIEST),
                    first_state=beam.DoFn.StateParam(FIRST),
-                   last_state=beam.DoFn.StateParam(LAST),
-                   idle_state=beam.DoFn.StateParam(IDLE),
+                   earliest_state=beam.DoFn.StateParam(EARLIEST),
                    timer=beam.DoFn.TimerParam(TIMER),
                    log_bag=beam.DoFn.StateParam(LOG),
                    log_meta=beam.DoFn.StateParam(LOG_META)):
         log = BagLog(log_bag, log_meta, self._log_reads, self._log_compactions)
-        yield from self._fire(key, fire, buffer, mech_state, next_state, earliest_state, first_state,
-                              last_state, idle_state, timer, log=log)
+        yield from self._fire(key, fire, buffer, mech_state, next_state, first_state,
+                              earliest_state, timer, log=log)
 
 
-def release_in_order(aggregates, spec, entry, invalids, *, bounded, late, seed, max_idle_steps):
+def release_in_order(aggregates, spec, plan, invalids, *, schedule: Schedule, seeds, bounded,
+                     late, seed, extra_releases=(), extra_accounting=()):
     """Applies the ordered release to per-step aggregates; the common tail of every transform.
 
-    ``aggregates`` are ``(key, (step, aggregate))`` in the global window. For
-    bounded input the last step with data across all keys is computed and
-    given as a side input, so every stream runs through it. Returns the
+    ``aggregates`` are ``(key, (step, aggregate))`` in the global window and
+    ``seeds`` the ``(key, (step, StreamStart()))`` elements that open the
+    streams (one per declared key at the public start, or one per admitted
+    key), plus any ``NotAdmitted`` markers. Every stream releases each step
+    of ``schedule`` from its opening step. Returns the
     :class:`ContinualResult` with ``invalids`` (earlier dead-letter outputs)
-    flattened with the release's own, and ``entry`` attached to the
-    accounting output as the transform's plan.
+    flattened with the release's own, ``extra_releases`` (e.g. key
+    admissions) flattened into ``.releases`` and ``extra_accounting`` into
+    ``.accounting``; ``plan`` (the planned ledger entries) is attached to the
+    accounting output.
     """
+    schedule.require_end(bounded, spec.transform)
     dofn = LoggedReleaseDoFn if spec.uses_log else OrderedReleaseDoFn
-    release_fn = dofn(spec, bounded=bounded, late=late, seed=seed, max_idle_steps=max_idle_steps)
-    side = {}
-    if bounded:
-        last_step = (aggregates
-                     | "Steps" >> beam.Map(lambda kv: kv[1][0])
-                     | "LastStep" >> beam.CombineGlobally(max).without_defaults())
-        side["last_step"] = beam.pvalue.AsSingleton(last_step, default_value=None)
-    released = aggregates | "Release" >> beam.ParDo(release_fn, **side).with_outputs(
-        ACCOUNTING, INVALID, main="releases")
+    release_fn = dofn(spec, bounded=bounded, late=late, seed=seed, end_step=schedule.end_step)
+    released = ((aggregates, seeds)
+                | "Open" >> beam.Flatten()
+                | "Release" >> beam.ParDo(release_fn).with_outputs(
+                    ACCOUNTING, INVALID, main="releases"))
     invalid = tuple(invalids) + (released[INVALID],) | "Invalid" >> beam.Flatten()
+    releases = released.releases
+    if extra_releases:
+        releases = (releases,) + tuple(extra_releases) | "Releases" >> beam.Flatten()
     accounting = released[ACCOUNTING]
-    setattr(accounting, PLAN_ATTRIBUTE, (entry,))
-    return ContinualResult(released.releases, accounting, invalid)
+    if extra_accounting:
+        accounting = (accounting,) + tuple(extra_accounting) | "Accounting" >> beam.Flatten()
+    setattr(accounting, PLAN_ATTRIBUTE, tuple(plan))
+    return ContinualResult(releases, accounting, invalid)

@@ -58,12 +58,15 @@ def read_objects(client, prefix):
     return out
 
 
+# The public schedule: steps 0..5 of 10 s. A streaming run needs its end, or its streams
+# would release with the watermark forever once it reaches the end of time.
+SCHEDULE = dict(start=0, end=60)
 # One entry per transform: more continual transforms are added here.
 TRANSFORMS = {
-    "count": lambda: dpb.ContinualCount(epsilon=0.5, step=10, max_idle_steps=2,
-                                    rng=dpb.mechanisms.ZeroNoise()),
+    "count": lambda: dpb.ContinualCount(epsilon=0.5, step=10, **SCHEDULE,
+                                        rng=dpb.mechanisms.ZeroNoise()),
     "sum": lambda: dpb.ContinualSum(value_fn=lambda e: e["v"], lower=0, upper=5, epsilon=0.5,
-                                    step=10, max_idle_steps=2,
+                                    step=10, **SCHEDULE,
                                     rng=dpb.mechanisms.ZeroNoise()),
 }
 EVENTS = [(1.0, 2.0), (4.0, 1.0), (15.0, 7.0), (37.0, 3.0)]  # (event time, value)
@@ -98,7 +101,7 @@ def test_streaming_releases_and_ledger_land_in_gcs(gcs):
     for name, expected in EXPECTED.items():
         mine = sorted((r for r in releases if r["transform"] == name), key=lambda r: r["step"])
         # Steps after the last event are empty steps released as the watermark
-        # runs to the end; the test below checks the last of them.
+        # runs to the declared end; the test below checks the last of them.
         assert [r["value"] for r in mine][:4] == expected
         assert [r["step"] for r in mine][:4] == [0, 1, 2, 3]
     assert sorted(e["transform"] for e in ledger) == sorted(TRANSFORMS)
@@ -112,8 +115,8 @@ def test_streaming_sink_keeps_releases_emitted_at_the_final_watermark(gcs):
     releases = [r for name, recs in objects.items() if "/releases" in name for r in recs]
     for name in TRANSFORMS:
         steps = sorted(r["step"] for r in releases if r["transform"] == name)
-        # Every step through the empty ones released after the watermark reached
-        # the end of time (max_idle_steps=2 after the last event's step 3).
+        # Every step of the public schedule, through the empty ones (4, 5) released
+        # after the watermark reached the end of time.
         assert steps == list(range(0, 6)), (name, steps)
 
 

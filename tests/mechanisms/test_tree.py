@@ -613,3 +613,191 @@ def test_name_and_levels():
     run(unbounded, [0.0] * 6)
     assert unbounded.levels == 3
     assert unbounded.t == 6
+
+
+# -- skip: zero steps in O(log t) draws --------------------------------------------
+
+
+SKIP_CASES = [(0, 1), (0, 7), (0, 8), (0, 100), (3, 5), (5, 3), (7, 9), (8, 8), (13, 50), (31, 1), (31, 33)]
+
+
+@pytest.mark.parametrize("horizon", [150, None])
+@pytest.mark.parametrize("before,n", SKIP_CASES)
+def test_skip_with_zero_noise_gives_prefix_sums_and_the_state_of_zero_steps(horizon, before, n):
+    rng = np.random.default_rng(before * 100 + n)
+    xs = rng.normal(size=before + n + 10)
+    xs[before:before + n] = 0.0
+    skipped = BinaryTreeMechanism(1.0, horizon=horizon, rng=ZeroNoise())
+    stepped = BinaryTreeMechanism(1.0, horizon=horizon, rng=ZeroNoise())
+    head = run(skipped, xs[:before])
+    assert head == run(stepped, xs[:before])
+    skipped.skip(n)
+    run(stepped, xs[before:before + n])
+    assert skipped.t == stepped.t == before + n
+    # Without noise the state is exact partial sums: skipping must leave the
+    # very state n zero steps leave (including folded roots when unbounded).
+    assert skipped.to_state() == stepped.to_state()
+    tail = run(skipped, xs[before + n:])
+    expected = np.cumsum(xs)
+    np.testing.assert_allclose(head + tail, np.concatenate([expected[:before], expected[before + n:]]),
+                               rtol=1e-12, atol=1e-9)
+
+
+@pytest.mark.parametrize("horizon", [1000, None])
+def test_skip_state_matches_zero_steps_for_random_splits(horizon):
+    rng = np.random.default_rng(11)
+    for _ in range(60):
+        before, n, dim = int(rng.integers(0, 200)), int(rng.integers(0, 400)), int(rng.integers(1, 3))
+        a = BinaryTreeMechanism(1.0, horizon=horizon, dim=dim, rng=ZeroNoise())
+        b = BinaryTreeMechanism(1.0, horizon=horizon, dim=dim, rng=ZeroNoise())
+        for x in rng.normal(size=(before, dim)):
+            a.step(x)
+            b.step(x)
+        a.skip(n)
+        run(b, [np.zeros(dim)] * n)
+        assert a.to_state() == b.to_state()
+
+
+def covariance_of_shared_nodes(mech, t0, t1):
+    """Covariance of the releases at t0 and t1: the variance of the nodes both sum (§1.3)."""
+    factor = 2.0 if mech.noise == "laplace" else 1.0
+    nodes0 = dict(zip(mech.release_nodes(t0), mech.noise_scales(t0)))
+    nodes1 = set(mech.release_nodes(t1))
+    return sum(factor * s * s for node, s in nodes0.items() if node in nodes1)
+
+
+SKIP_CONFIGS = [
+    dict(horizon=100, noise="laplace"),
+    dict(horizon=None, noise="laplace"),
+    dict(horizon=100, noise="gaussian", delta=1e-6),
+    dict(horizon=None, noise="gaussian", delta=1e-6),
+]
+
+
+@pytest.mark.parametrize("config", SKIP_CONFIGS)
+@pytest.mark.parametrize("before,n,after", [(0, 5, 3), (0, 31, 2), (6, 9, 4), (11, 20, 1), (9, 54, 3)])
+def test_skip_release_noise_has_the_distribution_of_zero_steps(config, before, n, after):
+    # Each coordinate of a dim-N mechanism is an independent run (module
+    # docstring), so one mechanism gives N seeded samples of every release.
+    reps = 20000
+    mech = BinaryTreeMechanism(1.0, dim=reps, rng=SeededNoise(before * 1000 + n * 10 + after), **config)
+    released = sample_releases(mech, before)
+    mech.skip(n)
+    later = sample_releases(mech, after)
+    for j in range(1, after + 1):
+        t = before + n + j
+        r = later[j - 1]
+        sigma = mech.noise_std(t)
+        # The sample std's standard error is SE(s²)/(2σ) (delta method), SE(s²)
+        # as in variance_tolerance (which already takes 5 of them).
+        tol = variance_tolerance(mech.noise_scales(t), mech.noise, reps) / (2 * sigma)
+        assert abs(r.std() - sigma) < tol
+        assert abs(r.mean()) < 5 * sigma / math.sqrt(reps)
+        if before:
+            # Nodes alive before the skip are kept, not redrawn: the release
+            # before the skip still shares exactly their variance with the one
+            # after. Tolerance: 5 standard errors of the sample covariance,
+            # estimated from the products themselves.
+            x, y = released[before - 1], r
+            expected = covariance_of_shared_nodes(mech, before, t)
+            assert abs(np.mean(x * y) - expected) < 5 * np.std(x * y) / math.sqrt(reps)
+    if config["noise"] == "laplace" and not before:
+        # A fresh skip followed by one step: the release is a sum of
+        # independent Laplaces of the stated scales; compare its whole law with
+        # a direct sample of that sum (two-sample KS; under the null the
+        # p-value is uniform, and the seeds are fixed).
+        t = n + 1
+        gen = np.random.default_rng(t)
+        direct = sum(gen.laplace(0.0, s, reps) for s in mech.noise_scales(t))
+        assert stats.ks_2samp(later[0], direct).pvalue > 1e-3
+
+
+@pytest.mark.parametrize("config", CONFIGS)
+@pytest.mark.parametrize("before,n", [(0, 13), (5, 11), (8, 23)])
+def test_state_round_trip_after_skip(config, before, n):
+    data = np.random.default_rng(n).normal(size=(40, config["dim"]))
+    feed = data[:, 0] if config["dim"] == 1 else data
+    gen = np.random.default_rng(5)
+    mech = BinaryTreeMechanism(1.5, rng=SeededNoise(gen), **config)
+    run(mech, feed[:before])
+    mech.skip(n)
+    state = json.loads(json.dumps(mech.to_state()))
+    assert state["t"] == before + n
+    restored = BinaryTreeMechanism.from_state(state, rng=np.random.default_rng(9))
+    original_tail = BinaryTreeMechanism.from_state(mech.to_state(), rng=np.random.default_rng(9))
+    np.testing.assert_array_equal(restored.current(), mech.current())
+    for x in feed[before + n:before + n + 5]:
+        np.testing.assert_array_equal(restored.step(x), original_tail.step(x))
+    assert restored.to_state() == original_tail.to_state()
+
+
+@pytest.mark.parametrize("n", [1, 2, 7, 8, 1000, 2**20 - 1, 2**20])
+def test_fresh_skip_draws_one_noise_per_live_node(n):
+    counting = CountingNoise()
+    mech = BinaryTreeMechanism(1.0, horizon=2**20, rng=counting)
+    mech.skip(n)
+    # After zeros only, the live nodes of release n are all the state holds,
+    # and each is one fresh draw of its level's scale: popcount(n) <= h draws.
+    assert len(counting.draws) == popcount(n) <= mech.levels
+    assert sorted(s for _, s, _ in counting.draws) == sorted(mech.noise_scales(n))
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 6, 7, 1000, 10**6])
+def test_fresh_unbounded_skip_draws_roots_and_live_nodes(n):
+    counting = CountingNoise()
+    mech = BinaryTreeMechanism(1.0, noise="gaussian", delta=1e-6, rng=counting)
+    mech.skip(n)
+    # One root per completed epoch plus the current epoch's live nodes: the
+    # nodes of release n, ⌊log2 n⌋ + popcount(...) <= 2·log2(n) + 1.
+    assert len(counting.draws) == len(mech.release_nodes(n)) <= 2 * math.log2(n) + 1
+    assert sorted(s for _, s, _ in counting.draws) == sorted(mech.noise_scales(n))
+    assert mech.state_size() <= math.floor(math.log2(n)) + 2
+
+
+@pytest.mark.parametrize("horizon", [2**16, None])
+def test_skip_after_steps_draws_at_most_log_many(horizon):
+    rng = np.random.default_rng(3)
+    for _ in range(40):
+        counting = CountingNoise()
+        mech = BinaryTreeMechanism(1.0, horizon=horizon, rng=counting)
+        before = int(rng.integers(0, 600))
+        n = int(rng.integers(0, 2**16 - before))
+        run(mech, [1.0] * before)
+        mech.skip(n)
+        drawn = len(counting.draws) - before
+        t = before + n
+        # Bounded: at most one per level. Unbounded: at most one per level of
+        # each epoch the skip enters, i.e. a root per completed epoch plus the
+        # levels of the last one.
+        bound = mech.levels if horizon is not None else 2 * max(t, 1).bit_length()
+        assert drawn <= bound
+
+
+def test_skip_zero_and_validation_leave_the_state_unchanged():
+    mech = BinaryTreeMechanism(1.0, horizon=10, rng=4)
+    run(mech, [1.0, 2.0, 3.0])
+    before = mech.to_state()
+    mech.skip(0)
+    assert mech.to_state() == before
+    for bad in (-1, 1.5, True, "2", None):
+        with pytest.raises(ValueError, match="n must"):
+            mech.skip(bad)
+    with pytest.raises(ValueError, match="horizon exceeded"):
+        mech.skip(8)
+    assert mech.to_state() == before
+    mech.skip(7)
+    assert mech.t == 10
+    with pytest.raises(ValueError, match="horizon exceeded"):
+        mech.step(0.0)
+
+
+def test_skip_numpy_int_and_repeated_skips_compose():
+    a = BinaryTreeMechanism(1.0, rng=ZeroNoise())
+    b = BinaryTreeMechanism(1.0, rng=ZeroNoise())
+    a.step(3.0)
+    b.step(3.0)
+    a.skip(np.int64(4))
+    a.skip(10)
+    b.skip(14)
+    assert a.t == b.t == 15
+    assert a.to_state() == b.to_state()

@@ -92,3 +92,23 @@ def test_delay_flights_match_the_event_list_of_the_same_days():
     first = [f for f in two if f["ts"] == utc(2013, 1, 1, 10, 15) and f["carrier"] == "UA"]
     assert {"dep_delay": 2.0, "arr_delay": 11.0, "air_time": 227.0, "distance": 1400.0,
             "hour": 5.0}.items() <= first[0].items()
+
+
+def test_the_declared_period_holds_exactly_the_flights_of_the_days(flights):
+    # The public schedule of the jobs is the data set's period in New York
+    # local time: every flight of the first N local days, and no other, lies in
+    # [PERIOD_START, period_end(N)). A UTC year would cut the 88 flights
+    # scheduled on the evening of 31 December (local), which fall in 2014 UTC.
+    from pipelines.flights import PERIOD_START, local_midnight, period_end
+
+    assert PERIOD_START == local_midnight(0) == "2013-01-01T00:00:00-05:00"
+    assert period_end() == local_midnight(365) == "2014-01-01T00:00:00-05:00"
+    assert period_end(2) == "2013-01-03T00:00:00-05:00"
+    assert period_end(100) == "2013-04-11T00:00:00-04:00"  # daylight saving time
+    start = datetime.fromisoformat(PERIOD_START).timestamp()
+    assert start == utc(2013, 1, 1, 5)
+    for days in (2, 100, None):
+        end = datetime.fromisoformat(period_end(days)).timestamp()
+        inside = [f for f in flights if start <= f["ts"] < end]
+        assert len(inside) == (len(load_flights(limit_days=days)) if days else len(flights))
+    assert sum(f["ts"] >= utc(2014, 1, 1) for f in flights) == 88

