@@ -68,3 +68,14 @@ __all__ += [
     "KeySelection",
     "KeyCounter",
 ]
+
+# Keyed noise: the same secret key and draw identity give the same exact,
+# grid-valued noise in every process, so retried bundles re-release, not redraw.
+from .noise_key import KeyedNoise, NoiseKey, grid_exponent, round_to_grid
+
+__all__ += [
+    "NoiseKey",
+    "KeyedNoise",
+    "round_to_grid",
+    "grid_exponent",
+]

@@ -10,6 +10,14 @@ a node is drawn once, at creation, from an injected source; BM-4).
   sample on a power-of-two grid, so the released floats do not leak the data
   through the low-order bits (Mironov 2012).
 * :class:`SeededNoise` and :class:`ZeroNoise` exist for tests only.
+* :class:`~dp_beam.mechanisms.noise_key.KeyedNoise` (module ``noise_key``)
+  is private too and, unlike :class:`SecureNoise`, reproducible: its draws
+  are a function of a secret :class:`~dp_beam.mechanisms.noise_key.NoiseKey`
+  and a public draw identity, so a bundle that a runner retries re-releases
+  the noise of its first attempt instead of a second, independent one
+  (which would be an uncounted extra release). Its exact discrete samplers
+  on a power-of-two grid, added to a statistic rounded to that grid, make
+  the released float itself covered by the guarantee.
 """
 
 import functools

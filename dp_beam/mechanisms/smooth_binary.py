@@ -150,12 +150,19 @@ class SmoothBinaryMechanism(FactorisationMechanism):
 
     @staticmethod
     def _core_to_state(core):
-        return {"nodes": core["nodes"].tolist()}
+        # The leaf label is stored: recomputing it walks `local` leaves, which
+        # made a restore per step (replay-stable noise) quadratic in the steps.
+        return {"nodes": core["nodes"].tolist(), "leaf": int(core["leaf"])}
 
     def _core_from_state(self, plan, data, local):
-        leaf = plan.first
-        for _ in range(local):
-            leaf = _next_same_popcount(leaf)
+        leaf = data.get("leaf")
+        if leaf is None:
+            leaf = plan.first
+            for _ in range(local):
+                leaf = _next_same_popcount(leaf)
+        elif (isinstance(leaf, bool) or not isinstance(leaf, int) or leaf < plan.first
+              or bin(leaf).count("1") != bin(plan.first).count("1")):
+            raise ValueError(f"state leaf {leaf!r} is not a leaf of this plan")
         return {"leaf": leaf, "nodes": self._array(data["nodes"], (plan.height, self._dim), "nodes")}
 
     @classmethod

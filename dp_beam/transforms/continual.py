@@ -83,6 +83,19 @@ class _StepOf(beam.DoFn):
         yield key, (window.start.micros // self._step_micros, aggregate)
 
 
+#: Step totals are clamped to ±this before they enter a mechanism.
+MAX_STEP_TOTAL = 1e300
+
+
+def _finite_total(total: float) -> float:
+    """A step total the mechanism can take: huge bounds can overflow a float sum to ±inf
+    (or inf − inf to NaN), which would crash the release. Clamping is 1-Lipschitz, so it
+    keeps the sensitivity; NaN, only reachable through such an overflow, counts as 0."""
+    if total != total:
+        return 0.0
+    return min(max(total, -MAX_STEP_TOTAL), MAX_STEP_TOTAL)
+
+
 class CounterReleaseSpec(ReleaseSpec):
     """Feeds step totals to one continual-counting mechanism per stream."""
 
@@ -107,7 +120,7 @@ class CounterReleaseSpec(ReleaseSpec):
         return get_mechanism(state["mechanism"]).from_state(state, rng=rng)
 
     def release(self, mechanism, key, step, aggregate):
-        value = mechanism.step(aggregate[0])
+        value = mechanism.step(_finite_total(aggregate[0]))
         t = mechanism.t
         yield Release(key=key, step=step, window_start=step * self.step_seconds,
                       window_end=(step + 1) * self.step_seconds, value=float(value),
@@ -127,11 +140,12 @@ class _ContinualTotal(beam.PTransform):
                  timestamp_fn=None, privacy_unit="event", user_fn=None, max_contributions=None,
                  mechanism=None, noise="laplace", delta=None, calibration="zcdp",
                  horizon=None, allowed_lateness=datetime.timedelta(days=1), late="defer",
-                 hot_key_fanout=None, monotone=False, rng=None,
+                 hot_key_fanout=None, monotone=False, rng=None, noise_key=None,
                  label=None):
         super().__init__(label)
         set_release_options(self, step, allowed_lateness, late, rng, start=start, end=end,
-                            horizon=horizon, key_fn=key_fn, keys=keys)
+                            horizon=horizon, key_fn=key_fn, keys=keys,
+                            noise_key=noise_key)
         self._value_fn = _callable("value_fn", value_fn)
         self._lower, self._upper = lower, upper
         self._key_fn = key_fn
@@ -196,7 +210,8 @@ class _ContinualTotal(beam.PTransform):
             rho=float(self._cost["rho"]), mechanism=self._mechanism,
             scope="key" if self._key_fn is not None else "stream", key=None,
             sensitivity=self._sensitivity, noise=self._noise, calibration=self._calibration,
-            max_contributions=self._max_contributions if self._unit == "user" else None)
+            max_contributions=self._max_contributions if self._unit == "user" else None,
+            relation="add/remove")
 
     def expand(self, events):
         label = self.label
@@ -323,9 +338,20 @@ class ContinualCount(_ContinualTotal):
         total never decreases (free post-processing; needs ``lower >= 0`` for
         sums). The release's ``noise_std``/``ci95`` describe the unadjusted
         estimate.
-      rng: ``None`` (secure noise from OS entropy); for tests only, an int seed
-        (each key and step derives its own generator) or a ``NoiseSource``
-        such as ``dp_beam.mechanisms.ZeroNoise()`` (no noise: not private).
+      rng: ``None`` (production noise, see ``noise_key``); for tests only, an
+        int seed (each key and step derives its own generator) or a
+        ``NoiseSource`` such as ``dp_beam.mechanisms.ZeroNoise()`` (no noise:
+        not private).
+      noise_key: the secret :class:`dp_beam.NoiseKey` every noise draw is
+        derived from, with the draw's identity (transform label, key, step):
+        a retried or replayed step releases the same value, never a second
+        draw. ``None`` (default) draws a fresh key from the OS at
+        construction, so each run of a pipeline is a new release. To keep a
+        key in a secret store use ``NoiseKey.from_env``/``from_file``. Never
+        reuse a key on different data: two releases with the same noise give
+        away the exact difference of their statistics. The key travels inside
+        the pipeline's serialized graph: treat staging locations as secret,
+        or load it with ``from_env`` on the workers.
     """
 
     def __init__(self, epsilon, step, **kwargs):

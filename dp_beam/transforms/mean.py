@@ -610,7 +610,9 @@ class ContinualMean(beam.PTransform):
         horizon. Each tree is calibrated to the sum over steps of one
         user's changes to its input (``MeanParams.group_sensitivity``),
         which bounds the noise any linear counter needs.
-      rng: ``None`` (secure); tests only: an int seed or a ``NoiseSource``.
+      rng: ``None`` (production noise from ``noise_key``); tests only: an int
+        seed or a ``NoiseSource``.
+      noise_key: the secret key of every noise draw, as ``ContinualCount``.
 
     Example (noise switched off to show the estimate):
 
@@ -662,7 +664,7 @@ class ContinualMean(beam.PTransform):
                  delta=None, preset="tuned", median_budget=None, horizon=None, user_spread=0.0,
                  timestamp_fn=None,
                  allowed_lateness=datetime.timedelta(days=1), late="defer",
-                 mechanism=None, rng=None, label=None):
+                 mechanism=None, rng=None, noise_key=None, label=None):
         super().__init__(label)
         for name, fn in (("user_fn", user_fn), ("value_fn", value_fn)):
             if not callable(fn):
@@ -681,7 +683,8 @@ class ContinualMean(beam.PTransform):
                              f"stream), got max_keys_per_user={max_keys_per_user!r}")
         self._max_keys = max_keys_per_user
         set_release_options(self, step, allowed_lateness, late, rng, start=start, end=end,
-                            horizon=horizon, key_fn=key_fn, keys=keys)
+                            horizon=horizon, key_fn=key_fn, keys=keys,
+                            noise_key=noise_key)
         selecting = private_keys(self)
         if selecting is not None and selecting.max_keys_per_unit != max_keys_per_user:
             raise ValueError(
@@ -742,7 +745,10 @@ class ContinualMean(beam.PTransform):
             rho=float(cost["rho"]), mechanism=f"{MECHANISM}+{p.mechanism}",
             scope="key" if self._key_fn is not None else "stream", key=None,
             sensitivity=float(p.tree_sensitivity(p.L)), noise=p.noise,
-            calibration="zcdp" if p.noise == "gaussian" else "")
+            calibration="zcdp" if p.noise == "gaussian" else "",
+            # "participation" protects whether and when a user takes part: add/remove
+            # one user; "values" takes the arrival pattern as public.
+            relation="values" if p.neighbours == "values" else "add/remove")
 
     def expand(self, events):
         label = self.label

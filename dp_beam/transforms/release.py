@@ -34,6 +34,7 @@ from apache_beam.transforms.userstate import (BagStateSpec, ReadModifyWriteState
                                               TimerSpec, on_timer)
 
 from dp_beam.mechanisms import make_noise
+from dp_beam.mechanisms.noise_key import KeyedNoise, NoiseKey, encode_identity
 from dp_beam.records import InvalidElement
 from dp_beam.transforms.events import INVALID, NAMESPACE
 from dp_beam.transforms.schedule import NotAdmitted, Schedule, StreamStart
@@ -107,6 +108,16 @@ class ReleaseSpec:
 
     def window_end(self, step: int) -> float:
         return (step + 1) * self.step_seconds
+
+
+def key_label(key):
+    """A stream key as a noise identity label: itself when it has a canonical encoding
+    (str, int, float, bytes, None, tuples of those), else its type and ``repr``."""
+    try:
+        encode_identity((key,))
+        return key
+    except ValueError:
+        return ("repr", type(key).__module__, type(key).__qualname__, repr(key))
 
 
 def _stable_hash(key) -> int:
@@ -282,11 +293,16 @@ class OrderedReleaseDoFn(beam.DoFn):
     A :class:`~dp_beam.transforms.schedule.NotAdmitted` aggregate closes a
     stream that never opened: its buffered events go to ``invalid``.
 
-    ``seed``: test-only; an int makes the noise of step k of key K come from a
-    generator seeded by (seed, hash(K), k), so every key and step has its own
-    stream whatever worker runs it; a ``NoiseSource`` (e.g. ``ZeroNoise``) is
-    used as is. ``None`` (production) uses the secure sampler, one per DoFn
-    instance, seeded from OS entropy.
+    Noise (DESIGN.md "Noise and randomness"): with ``seed=None``
+    (production) every draw is a function of the secret ``noise_key`` and
+    the draw's identity (transform label, stream key, step, and whether the
+    stream opens or steps there), through :class:`KeyedNoise`: the mechanism
+    is restored with that step's source before each step, so a bundle
+    retried from committed state, a replay or a second worker releases
+    bit-identical values, never a second draw. ``seed``: test-only; an int
+    makes the noise of step k of key K come from a NumPy generator seeded by
+    (seed, hash(K), k) in the same way; a ``NoiseSource`` (e.g.
+    ``ZeroNoise``) is used as is.
     """
 
     BUFFER = BagStateSpec("buffer", PickleCoder())
@@ -297,7 +313,8 @@ class OrderedReleaseDoFn(beam.DoFn):
     TIMER = TimerSpec("release", TimeDomain.WATERMARK)
 
     def __init__(self, spec: ReleaseSpec, bounded: bool, late: str = "defer",
-                 seed=None, end_step: Optional[int] = None, opens: str = "start"):
+                 seed=None, end_step: Optional[int] = None, opens: str = "start",
+                 noise_key: Optional[NoiseKey] = None):
         if late not in ("defer", "drop"):
             raise ValueError(f"late must be 'defer' or 'drop', got {late!r}")
         if opens not in ("start", "data"):
@@ -308,6 +325,10 @@ class OrderedReleaseDoFn(beam.DoFn):
         self._bounded = bounded
         self._late = late
         self._seed = seed
+        if seed is None and noise_key is None:
+            # Drawn here, it travels with the pickled DoFn: retries still agree.
+            noise_key = NoiseKey.generate()
+        self._noise_key = noise_key if seed is None else None
         self._end = end_step
         self._opens = opens
         label = spec.transform
@@ -318,18 +339,21 @@ class OrderedReleaseDoFn(beam.DoFn):
         self._noise = None
 
     def setup(self):
-        if self._seed is None:
-            self._noise = make_noise(None)
-        elif not isinstance(self._seed, int):
+        if self._seed is not None and not isinstance(self._seed, int):
             self._noise = make_noise(self._seed)
 
     def _per_step_seed(self):
-        return isinstance(self._seed, int)
+        return self._noise_key is not None or isinstance(self._seed, int)
 
-    def _rng(self, key, step):
+    def _rng(self, key, step, phase="step"):
+        """The noise source of ``key``'s draws at ``step``; ``phase`` separates the draws made
+        when a stream opens from those of its first step."""
+        if self._noise_key is not None:
+            return KeyedNoise(self._noise_key, (self._spec.transform, key_label(key), step, phase))
         if not self._per_step_seed():
             return self._noise
-        return make_noise(np.random.default_rng([self._seed, _stable_hash(key), step & (2**63 - 1)]))
+        entropy = [self._seed, _stable_hash(key), step & (2**63 - 1)]
+        return make_noise(np.random.default_rng(entropy if phase == "step" else entropy + [1]))
 
     def _end_micros(self, step):
         return int(round(self._spec.window_end(step) * 1e6)) / 1e6
@@ -415,7 +439,7 @@ class OrderedReleaseDoFn(beam.DoFn):
 
     def _open(self, key, first, with_log):
         """The new mechanism of a stream opening at ``first``, and its ledger entries."""
-        mechanism = self._spec.new_mechanism(self._rng(key, first), first=first, **with_log)
+        mechanism = self._spec.new_mechanism(self._rng(key, first, "open"), first=first, **with_log)
         entries = [pvalue.TaggedOutput(ACCOUNTING, beam.window.TimestampedValue(
             entry, self._end_micros(first))) for entry in self._spec.ledger(key)]
         return mechanism, entries
@@ -524,8 +548,9 @@ class LoggedReleaseDoFn(OrderedReleaseDoFn):
     LOG_META = ReadModifyWriteStateSpec("log_meta", PickleCoder())
 
     def __init__(self, spec: ReleaseSpec, bounded: bool, late: str = "defer",
-                 seed=None, end_step: Optional[int] = None, opens: str = "start"):
-        super().__init__(spec, bounded, late, seed, end_step, opens)
+                 seed=None, end_step: Optional[int] = None, opens: str = "start",
+                 noise_key: Optional[NoiseKey] = None):
+        super().__init__(spec, bounded, late, seed, end_step, opens, noise_key)
         self._log_reads = Metrics.counter(NAMESPACE, f"{spec.transform}.log_entries_read")
         self._log_compactions = Metrics.counter(NAMESPACE, f"{spec.transform}.log_compactions")
 
@@ -553,7 +578,7 @@ class LoggedReleaseDoFn(OrderedReleaseDoFn):
 
 
 def release_in_order(aggregates, spec, plan, invalids, *, schedule: Schedule, seeds, bounded,
-                     late, seed, extra_releases=(), extra_accounting=()):
+                     late, seed, noise_key=None, extra_releases=(), extra_accounting=()):
     """Applies the ordered release to per-step aggregates; the common tail of every transform.
 
     ``aggregates`` are ``(key, (step, aggregate))`` in the global window and
@@ -569,7 +594,8 @@ def release_in_order(aggregates, spec, plan, invalids, *, schedule: Schedule, se
     """
     schedule.require_end(bounded, spec.transform)
     dofn = LoggedReleaseDoFn if spec.uses_log else OrderedReleaseDoFn
-    release_fn = dofn(spec, bounded=bounded, late=late, seed=seed, end_step=schedule.end_step)
+    release_fn = dofn(spec, bounded=bounded, late=late, seed=seed, end_step=schedule.end_step,
+                      noise_key=noise_key)
     released = ((aggregates, seeds)
                 | "Open" >> beam.Flatten()
                 | "Release" >> beam.ParDo(release_fn).with_outputs(

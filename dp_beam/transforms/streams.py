@@ -15,6 +15,7 @@ import numbers
 import apache_beam as beam
 
 from dp_beam.mechanisms import NoiseSource
+from dp_beam.mechanisms.noise_key import NoiseKey
 from dp_beam.transforms.keys import PrivateKeys, select_keys
 from dp_beam.transforms.release import release_in_order
 from dp_beam.transforms.schedule import (DeclaredKeys, StreamStart, resolve_keys,
@@ -42,12 +43,15 @@ def check_horizon(horizon):
 
 
 def set_release_options(transform, step, allowed_lateness, late, rng, *, start, end=None,
-                        horizon=None, key_fn=None, keys=None):
+                        horizon=None, key_fn=None, keys=None, noise_key=None):
     """Validates the options every continual transform takes; ``ValueError`` names the parameter.
 
     Sets ``_step`` (seconds), ``_step_micros``, ``_schedule``, ``_keys``
     (``None``, a :class:`DeclaredKeys` or a :class:`PrivateKeys`),
-    ``_allowed_lateness``, ``_late`` and ``_seed`` on ``transform``.
+    ``_allowed_lateness``, ``_late``, ``_seed`` and ``_noise_key`` on
+    ``transform``. ``noise_key=None`` draws a fresh secret key now, at
+    construction: each construction of a pipeline is a new release, and the
+    retries within it are replay-stable.
     """
     transform._step = seconds("step", step)
     transform._step_micros = int(round(transform._step * 1e6))
@@ -66,6 +70,12 @@ def set_release_options(transform, step, allowed_lateness, late, rng, *, start, 
         raise ValueError("rng must be None (secure noise), or for tests an int seed or a "
                          f"dp_beam.mechanisms NoiseSource, got {rng!r}")
     transform._seed = rng
+    if noise_key is None:
+        noise_key = NoiseKey.generate()
+    elif not isinstance(noise_key, NoiseKey):
+        raise ValueError("noise_key must be None (a fresh key per construction) or a "
+                         f"dp_beam.NoiseKey (from_env, from_file, from_bytes), got {type(noise_key)!r}")
+    transform._noise_key = noise_key
 
 
 def private_keys(transform):
@@ -92,10 +102,12 @@ def release_streams(transform, events, aggregates, spec, entry, invalids, *, uni
     schedule = transform._schedule
     bounded = events.is_bounded
     declared = transform._keys
-    common = dict(schedule=schedule, bounded=bounded, late=transform._late, seed=transform._seed)
+    common = dict(schedule=schedule, bounded=bounded, late=transform._late, seed=transform._seed,
+                  noise_key=transform._noise_key)
     if isinstance(declared, PrivateKeys):
         admitted, seeds, selection_entry, charged = select_keys(
-            units, declared, schedule, transform.label, unit, bounded, transform._seed)
+            units, declared, schedule, transform.label, unit, bounded, transform._seed,
+            transform._noise_key)
         return release_in_order(aggregates, spec, (entry, selection_entry), invalids,
                                 seeds=seeds, extra_releases=(admitted,),
                                 extra_accounting=(charged,), **common)

@@ -276,3 +276,13 @@ def test_sum_bounds_are_checked():
         dpb.ContinualSum(value_fn=float, lower=5, upper=1, epsilon=1.0, step=10, start=0)
     with pytest.raises(ValueError, match="upper"):
         dpb.ContinualSum(value_fn=float, lower=0, upper=math.inf, epsilon=1.0, step=10, start=0)
+
+
+def test_a_step_total_that_overflows_does_not_crash_the_release():
+    """Twenty events of 1e307 sum to inf in float; the release clamps the total instead."""
+    events = [{"ts": 1.0 + i / 4, "v": 1e307} for i in range(20)]
+    total = dpb.ContinualSum(value_fn=lambda e: e["v"], lower=0, upper=1e307, epsilon=1.0,
+                             step=10, start=0, end=20, timestamp_fn=lambda e: e["ts"],
+                             rng=ZeroNoise())
+    out = collect(batch_options(), lambda p: {"r": (p | beam.Create(events) | total).releases})
+    assert sorted((r.step, r.value) for r in out["r"]) == [(0, 1e300), (1, 1e300)]

@@ -1,0 +1,522 @@
+"""Keyed reproducible noise (dp_beam.mechanisms.noise_key).
+
+Every key here is fixed, so every test is deterministic: a statistical test
+either always passes or always fails. Tolerances are still taken from theory
+so that a correct sampler passes for all but a negligible fraction of keys:
+moment checks allow 5 standard errors of the estimator (two-sided
+probability ~6e-7 under a normal approximation), goodness-of-fit tests
+require a p-value above 1e-6, and frequency checks use a Clopper-Pearson
+interval of confidence 1 − 1e-6.
+"""
+
+import base64
+import hashlib
+import math
+import os
+import pickle
+import subprocess
+import sys
+from fractions import Fraction
+from pathlib import Path
+
+import numpy as np
+import pytest
+from scipy import stats
+
+from dp_beam.mechanisms import NoiseSource
+from dp_beam.mechanisms.noise_key import (
+    GRID_PRECISION,
+    BitStream,
+    KeyedNoise,
+    NoiseKey,
+    _to_grid_float,
+    encode_identity,
+    grid_exponent,
+    grid_gaussian,
+    grid_laplace,
+    round_to_grid,
+    sample_bernoulli_exp,
+    sample_discrete_gaussian,
+    sample_discrete_laplace,
+)
+
+KEY_BYTES = bytes(range(32))
+KEY = NoiseKey.from_bytes(KEY_BYTES)
+OTHER_KEY = NoiseKey.from_bytes(bytes(range(1, 33)))
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+def _tol(std_of_estimate):
+    return 5.0 * std_of_estimate
+
+
+# -- identity encoding and the bit stream -----------------------------------------
+
+
+@pytest.mark.parametrize(
+    "a, b",
+    [
+        (("a", "bc"), ("ab", "c")),
+        ((1,), ("1",)),
+        ((1,), (1.0,)),
+        (("1",), (1.0,)),
+        ((True,), (1,)),
+        ((None,), ()),
+        ((b"a",), ("a",)),
+        ((("a", "b"),), ("a", "b")),
+        ((("a",),), (["a"],)),
+        ((0.0,), (-0.0,)),
+        ((1, 2), (12,)),
+        ((-1,), (255,)),
+    ],
+)
+def test_identity_encoding_is_unambiguous(a, b):
+    assert encode_identity(a) != encode_identity(b)
+    assert KEY.stream(*a).randbytes(32) != KEY.stream(*b).randbytes(32)
+
+
+def test_identity_encoding_of_numpy_scalars_matches_python():
+    assert encode_identity((np.int64(7), np.float64(0.5), np.bool_(True))) == encode_identity((7, 0.5, True))
+
+
+@pytest.mark.parametrize("bad", [object(), Fraction(1, 2), {"a": 1}, {1, 2}, 1j])
+def test_identity_rejects_other_types(bad):
+    with pytest.raises(ValueError, match="identity labels"):
+        KEY.stream("x", bad)
+    with pytest.raises(ValueError, match="identity labels"):
+        KeyedNoise(KEY, ("x", (bad,)))
+
+
+def test_stream_is_keyed_blake2b_in_counter_mode():
+    # The documented construction, recomputed with hashlib directly.
+    identity = ("release", "k", 3)
+    prefix = encode_identity(identity)
+
+    def block(i):
+        return hashlib.blake2b(
+            prefix + i.to_bytes(8, "big"), key=KEY_BYTES, digest_size=64, person=b"dp_beam.noise.v1"
+        ).digest()
+
+    stream = KEY.stream(*identity)
+    # 100 bytes cross the block boundary; bits are read big-endian in order.
+    assert stream.randbytes(100) == block(0) + block(1)[:36]
+    stream = KEY.stream(*identity)
+    assert stream.randbits(4) == block(0)[0] >> 4
+    assert stream.randbits(12) == ((block(0)[0] & 0xF) << 8) | block(0)[1]
+
+
+def test_streams_differ_by_identity_and_key_and_repeat_otherwise():
+    a = KEY.stream("t", "k", 1).randbytes(64)
+    assert a == KEY.stream("t", "k", 1).randbytes(64)
+    assert a != KEY.stream("t", "k", 2).randbytes(64)
+    assert a != OTHER_KEY.stream("t", "k", 1).randbytes(64)
+
+
+def test_randbelow_is_uniform_and_validated():
+    stream = KEY.stream("uniform")
+    n, m = 7, 70000
+    counts = np.bincount([stream.randbelow(n) for _ in range(m)], minlength=n)
+    assert stats.chisquare(counts).pvalue > 1e-6
+    assert stream.randbelow(1) == 0
+    with pytest.raises(ValueError, match="n must be"):
+        stream.randbelow(0)
+    with pytest.raises(ValueError, match="k must be"):
+        stream.randbits(-1)
+    assert stream.randbits(0) == 0
+
+
+def test_fingerprint_is_a_separate_domain():
+    # The fingerprint is not a prefix of any noise block.
+    assert KEY.fingerprint == hashlib.blake2b(
+        b"", key=KEY_BYTES, digest_size=4, person=b"dp_beam.fprnt.v1"
+    ).hexdigest()
+    assert KEY.fingerprint != KEY.stream().randbytes(4).hex()
+    assert KEY.fingerprint != OTHER_KEY.fingerprint
+
+
+# -- exact samplers ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("gamma", [Fraction(0), Fraction(1, 3), Fraction(1), Fraction(5, 2), Fraction(7), 0.75])
+def test_bernoulli_exp_frequency(gamma):
+    n = 20000
+    stream = KEY.stream("bernoulli", str(gamma))
+    hits = sum(sample_bernoulli_exp(stream, gamma) for _ in range(n))
+    p = math.exp(-float(gamma))
+    ci = stats.binomtest(hits, n).proportion_ci(confidence_level=1 - 1e-6, method="exact")
+    assert ci.low <= p <= ci.high
+
+
+def test_bernoulli_exp_validates_gamma():
+    stream = KEY.stream("bad")
+    for bad in (-1, Fraction(-1, 2), float("inf"), float("nan"), "1", True):
+        with pytest.raises(ValueError, match="gamma"):
+            sample_bernoulli_exp(stream, bad)
+
+
+def _chi_square_pvalue(samples, support, pmf):
+    """p-value of Pearson's test; cells with expected count < 5 are pooled into the tails."""
+    n = len(samples)
+    expected = n * pmf
+    inner = np.nonzero(expected >= 5)[0]
+    lo, hi = inner[0], inner[-1]
+    counts = {}
+    for z in samples:
+        counts[z] = counts.get(z, 0) + 1
+    observed = np.array([counts.get(int(z), 0) for z in support[lo:hi + 1]], dtype=float)
+    exp_cells = expected[lo:hi + 1]
+    below = sum(c for z, c in counts.items() if z < support[lo])
+    above = sum(c for z, c in counts.items() if z > support[hi])
+    observed = np.concatenate([[below], observed, [above]])
+    # Tails of the exact pmf beyond the tabulated support are < 1e-30.
+    exp_cells = np.concatenate([[expected[:lo].sum()], exp_cells, [expected[hi + 1:].sum()]])
+    keep = exp_cells > 0
+    assert observed[~keep].sum() == 0
+    observed, exp_cells = observed[keep], exp_cells[keep]
+    exp_cells *= observed.sum() / exp_cells.sum()
+    return stats.chisquare(observed, exp_cells).pvalue
+
+
+def _check_moments(samples, support, pmf):
+    x = np.asarray(samples, dtype=float)
+    n = len(x)
+    var = float(np.sum(pmf * support**2))
+    mu4 = float(np.sum(pmf * support**4))
+    assert float(np.sum(pmf * support)) == pytest.approx(0.0, abs=1e-12)
+    assert abs(x.mean()) < _tol(math.sqrt(var / n))
+    # Var of the second-moment estimator (mean 0 known) is (μ4 − σ⁴)/n.
+    assert abs(np.mean(x * x) - var) < _tol(math.sqrt((mu4 - var * var) / n))
+
+
+@pytest.mark.parametrize("scale", [Fraction(1), Fraction(1, 2), Fraction(7, 3), Fraction(5, 2), Fraction(10)])
+def test_discrete_laplace_matches_the_exact_pmf(scale):
+    n = 20000
+    stream = KEY.stream("dlap", str(scale))
+    samples = [sample_discrete_laplace(stream, scale) for _ in range(n)]
+    assert all(isinstance(z, int) for z in samples)
+    support = np.arange(-int(80 * scale) - 20, int(80 * scale) + 21)
+    # scipy's dlaplace(a) has pmf tanh(a/2)·exp(−a|k|): scale 1/a.
+    pmf = stats.dlaplace(1.0 / float(scale)).pmf(support)
+    _check_moments(samples, support, pmf)
+    assert _chi_square_pvalue(samples, support, pmf) > 1e-6
+
+
+@pytest.mark.parametrize("sigma_squared", [Fraction(1, 4), Fraction(1), Fraction(5, 2), Fraction(49, 4), Fraction(100)])
+def test_discrete_gaussian_matches_the_exact_pmf(sigma_squared):
+    n = 20000
+    stream = KEY.stream("dgauss", str(sigma_squared))
+    samples = [sample_discrete_gaussian(stream, sigma_squared) for _ in range(n)]
+    assert all(isinstance(z, int) for z in samples)
+    sigma = math.sqrt(sigma_squared)
+    support = np.arange(-int(40 * sigma) - 20, int(40 * sigma) + 21)
+    # Exact pmf up to the normaliser, which is summed over ±40σ (the rest is < e^−800).
+    weights = np.exp(-(support.astype(float) ** 2) / (2 * float(sigma_squared)))
+    pmf = weights / weights.sum()
+    _check_moments(samples, support, pmf)
+    assert _chi_square_pvalue(samples, support, pmf) > 1e-6
+
+
+def test_samplers_validate_their_parameter():
+    stream = KEY.stream("bad")
+    with pytest.raises(ValueError, match="scale"):
+        sample_discrete_laplace(stream, 0)
+    with pytest.raises(ValueError, match="sigma_squared"):
+        sample_discrete_gaussian(stream, Fraction(-1))
+
+
+# -- the grid ----------------------------------------------------------------------
+
+
+def _grid_multiple(value, k):
+    q = Fraction(value) / Fraction(2) ** k
+    return q.denominator == 1
+
+
+def test_grid_exponent_is_floor_log2_minus_precision():
+    assert GRID_PRECISION == 30
+    for scale in (1e-9, 0.1, 0.75, 1.0, 1.5, 3.7, 1000.0, 2.0**40 + 0.5, 1e300):
+        k = grid_exponent(scale)
+        assert Fraction(2) ** 30 <= Fraction(scale) / Fraction(2) ** k < Fraction(2) ** 31
+    # Subnormal scales: the grid cannot go below float64's smallest bit.
+    assert grid_exponent(5e-324) == -1074
+    with pytest.raises(ValueError, match="scale"):
+        grid_exponent(0.0)
+    with pytest.raises(ValueError, match="scale"):
+        grid_exponent(float("inf"))
+
+
+def test_round_to_grid_is_exact_half_to_even():
+    k = grid_exponent(1.0)
+    for x in (0.1, -0.1, 1 / 3, 12345.678, -2.0**-40, 0.0):
+        expected = Fraction(round(Fraction(x) / Fraction(2) ** k)) * Fraction(2) ** k
+        assert Fraction(round_to_grid(x, 1.0)) == expected
+    assert round_to_grid(2.0**-31, 1.0) == 0.0
+    assert round_to_grid(3 * 2.0**-31, 1.0) == 2.0**-29
+    assert round_to_grid(-(2.0**-31), 1.0) == 0.0
+    # Floats past 2^(53+k) are already on the grid.
+    assert round_to_grid(2.0**60 + 2.0**8, 1.0) == 2.0**60 + 2.0**8
+    arr = round_to_grid(np.array([[0.1, 2.0]]), 1.0)
+    assert arr.shape == (1, 2) and arr.dtype == np.float64
+    with pytest.raises(ValueError, match="x must be finite"):
+        round_to_grid(float("nan"), 1.0)
+
+
+@pytest.mark.parametrize("scale", [1e-3, 0.1, 1.0, 3.7, 1000.0, 5e-324])
+def test_grid_noise_is_on_the_grid_and_sums_exactly(scale):
+    k = grid_exponent(scale)
+    stream = KEY.stream("grid", scale)
+    rng = np.random.default_rng(0)
+    for _ in range(200):
+        for noise in (grid_laplace(stream, scale), grid_gaussian(stream, scale)):
+            assert _grid_multiple(noise, k)
+            # Statistics within the exactness bound |R + Z| <= 2^53 (times 2^k).
+            x = float(rng.uniform(-1, 1)) * 2.0 ** (50 + k)
+            r = round_to_grid(x, scale)
+            assert _grid_multiple(r, k)
+            assert Fraction(r + noise) == Fraction(r) + Fraction(noise)
+
+
+def test_sums_past_the_bound_are_the_correctly_rounded_exact_sum():
+    # Past 2^(53+k) the float sum is the exact sum correctly rounded, i.e. still
+    # a function of R + Z only (post-processing of the discrete mechanism).
+    scale = 1.0
+    stream = KEY.stream("big")
+    for x in (1e9, 3.3e12, -7.7e15):
+        r = round_to_grid(x, scale)
+        noise = grid_laplace(stream, scale)
+        assert r + noise == float(Fraction(r) + Fraction(noise))
+
+
+def test_grid_refuses_inexact_integers():
+    with pytest.raises(OverflowError, match="2\\^53"):
+        _to_grid_float(2**53 + 1, -30)
+    assert _to_grid_float(2**53, -30) == 2.0**23
+
+
+# -- KeyedNoise --------------------------------------------------------------------
+
+
+def test_keyed_noise_is_a_secure_noise_source():
+    source = KeyedNoise(KEY, ("t",))
+    assert isinstance(source, NoiseSource)
+    assert source.secure is True
+    out = source.laplace(1.0, 4)
+    assert out.shape == (4,) and out.dtype == np.float64
+
+
+def _variance_tolerance(var, excess_kurtosis, n):
+    # Var(sample second moment) = σ⁴(2 + κ)/n with κ the excess kurtosis
+    # (3 for Laplace, 0 for Gaussian); 5 standard errors.
+    return _tol(var * math.sqrt((2.0 + excess_kurtosis) / n))
+
+
+@pytest.mark.parametrize("b", [0.3, 1.5, 1000.0])
+def test_keyed_laplace_has_std_sqrt2_b(b):
+    n = 20000
+    draws = KeyedNoise(KEY, ("lap", b)).laplace(b, n)
+    var = 2 * b * b
+    assert abs(draws.mean()) < _tol(math.sqrt(var / n))
+    assert abs(np.mean(draws**2) - var) < _variance_tolerance(var, 3.0, n)
+    assert stats.kstest(draws, "laplace", args=(0.0, b)).pvalue > 1e-6
+
+
+@pytest.mark.parametrize("sigma", [0.3, 2.5, 1000.0])
+def test_keyed_gaussian_has_std_sigma(sigma):
+    n = 20000
+    draws = KeyedNoise(KEY, ("gauss", sigma)).gaussian(sigma, n)
+    var = sigma * sigma
+    assert abs(draws.mean()) < _tol(math.sqrt(var / n))
+    assert abs(np.mean(draws**2) - var) < _variance_tolerance(var, 0.0, n)
+    assert stats.kstest(draws, "norm", args=(0.0, sigma)).pvalue > 1e-6
+
+
+def _calls(source):
+    return [source.laplace(1.7, 3), source.gaussian(0.3, 2), source.laplace(0.0, 2), source.laplace(250.0, 1)]
+
+
+def test_keyed_noise_is_reproducible_per_identity_and_call_sequence():
+    a = _calls(KeyedNoise(KEY, ("t", "k", 5)))
+    b = _calls(KeyedNoise(KEY, ("t", "k", 5)))
+    for x, y in zip(a, b):
+        np.testing.assert_array_equal(x, y)
+    other = _calls(KeyedNoise(KEY, ("t", "k", 6)))
+    other_key = _calls(KeyedNoise(OTHER_KEY, ("t", "k", 5)))
+    assert not np.array_equal(a[0], other[0])
+    assert not np.array_equal(a[0], other_key[0])
+    # Successive calls read different streams.
+    assert not np.array_equal(a[0][:1], a[3])
+
+
+def test_keyed_noise_uses_one_stream_per_call():
+    source = KeyedNoise(KEY, ("t", "k"))
+    source.laplace(1.0, 1)
+    second = source.laplace(2.0, 2)
+    stream = KEY.stream("t", "k", 1)
+    expected = [grid_laplace(stream, 2.0), grid_laplace(stream, 2.0)]
+    np.testing.assert_array_equal(second, expected)
+    # Zero scales and sizes still consume their counter value.
+    source.gaussian(0.0, 3)
+    source.laplace(1.0, 0)
+    assert source.draws == 4
+
+
+def test_keyed_noise_survives_pickling_mid_stream():
+    source = KeyedNoise(KEY, ("t", "pickle"))
+    source.laplace(1.0, 2)
+    restored = pickle.loads(pickle.dumps(source))
+    assert restored.draws == 1 and restored.identity == source.identity
+    np.testing.assert_array_equal(restored.gaussian(3.0, 4), source.gaussian(3.0, 4))
+    np.testing.assert_array_equal(restored.laplace(0.5, 2), source.laplace(0.5, 2))
+
+
+_SUBPROCESS_CODE = """
+from dp_beam.mechanisms.noise_key import KeyedNoise, NoiseKey
+src = KeyedNoise(NoiseKey.from_bytes(bytes(range(32))), ("subproc", 3, 1.5, None, b"x", ("n", -2)))
+values = list(src.laplace(1.7, 4)) + list(src.gaussian(0.3, 4))
+print(",".join(float(v).hex() for v in values))
+"""
+
+
+def test_keyed_noise_is_identical_in_a_fresh_interpreter():
+    src = KeyedNoise(KEY, ("subproc", 3, 1.5, None, b"x", ("n", -2)))
+    expected = ",".join(float(v).hex() for v in list(src.laplace(1.7, 4)) + list(src.gaussian(0.3, 4)))
+    # Another hash seed proves nothing depends on hash() or dict order.
+    env = dict(os.environ, PYTHONHASHSEED="12345")
+    result = subprocess.run(
+        [sys.executable, "-c", _SUBPROCESS_CODE], cwd=REPO_ROOT, env=env,
+        capture_output=True, text=True, check=True,
+    )
+    assert result.stdout.strip() == expected
+
+
+def test_for_identity_extends_the_identity_with_a_fresh_counter():
+    parent = KeyedNoise(KEY, ("t",))
+    parent.laplace(1.0, 1)
+    child = parent.for_identity("step", 9)
+    assert child.identity == ("t", "step", 9) and child.draws == 0
+    np.testing.assert_array_equal(child.laplace(1.0, 2), KeyedNoise(KEY, ("t", "step", 9)).laplace(1.0, 2))
+    with pytest.raises(ValueError, match="at least one label"):
+        parent.for_identity()
+
+
+def test_keyed_noise_validates_eagerly():
+    with pytest.raises(ValueError, match="noise_key"):
+        KeyedNoise(KEY_BYTES, ("t",))
+    with pytest.raises(ValueError, match="identity"):
+        KeyedNoise(KEY, "t")
+    source = KeyedNoise(KEY, ("t",))
+    with pytest.raises(ValueError, match="scale"):
+        source.laplace(-1.0, 2)
+    with pytest.raises(ValueError, match="sigma"):
+        source.gaussian(float("nan"), 2)
+    with pytest.raises(ValueError, match="size"):
+        source.laplace(1.0, -1)
+    assert source.draws == 0
+
+
+def test_keyed_noise_repr_hides_the_key():
+    text = repr(KeyedNoise(KEY, ("t", 1)))
+    assert KEY_BYTES.hex() not in text and "<secret>" in text and KEY.fingerprint in text
+
+
+# -- NoiseKey ----------------------------------------------------------------------
+
+
+def test_generate_gives_fresh_keys():
+    a, b = NoiseKey.generate(), NoiseKey.generate()
+    assert a != b
+    assert len(bytes.fromhex(a.secret_hex())) == 32
+
+
+def test_from_bytes_round_trip_equality_and_pickle():
+    key = NoiseKey.from_bytes(bytearray(KEY_BYTES))
+    assert key == KEY and hash(key) == hash(KEY)
+    assert key.secret_hex() == KEY_BYTES.hex()
+    assert pickle.loads(pickle.dumps(key)) == KEY
+    assert NoiseKey.from_bytes(KEY_BYTES + b"\x00") != KEY
+
+
+def test_long_keys_are_compressed_but_distinct():
+    long_a, long_b = NoiseKey.from_bytes(bytes(100)), NoiseKey.from_bytes(bytes(99) + b"\x01")
+    assert long_a != long_b
+    assert long_a.stream("x").randbytes(8) != long_b.stream("x").randbytes(8)
+
+
+@pytest.mark.parametrize("bad", [b"", bytes(31), "00" * 32, 123, None])
+def test_from_bytes_errors_name_noise_key(bad):
+    with pytest.raises(ValueError, match="noise_key"):
+        NoiseKey.from_bytes(bad)
+
+
+def test_repr_hides_the_secret():
+    text = repr(KEY)
+    assert text == f"NoiseKey(<secret>, fingerprint={KEY.fingerprint})"
+    assert KEY_BYTES.hex() not in text and repr(KEY_BYTES) not in text
+    assert str(KEY) == text
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        KEY_BYTES.hex(),
+        KEY_BYTES.hex().upper(),
+        "  " + KEY_BYTES.hex()[:32] + "\n" + KEY_BYTES.hex()[32:] + "\n",
+        base64.b64encode(KEY_BYTES).decode(),
+        base64.b64encode(KEY_BYTES).decode().rstrip("="),
+        base64.urlsafe_b64encode(KEY_BYTES).decode(),
+    ],
+)
+def test_from_env_reads_hex_and_base64(monkeypatch, text):
+    monkeypatch.setenv("DP_BEAM_TEST_NOISE_KEY", text)
+    assert NoiseKey.from_env("DP_BEAM_TEST_NOISE_KEY") == KEY
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("", "empty"),
+        ("zz!" * 20, "neither hex nor base64"),
+        ("ab" * 16, "at least 32 bytes"),
+        (base64.b64encode(bytes(16)).decode(), "at least 32 bytes"),
+    ],
+)
+def test_from_env_errors_are_clear(monkeypatch, text, message):
+    monkeypatch.setenv("DP_BEAM_TEST_NOISE_KEY", text)
+    with pytest.raises(ValueError, match=f"noise_key.*{message}"):
+        NoiseKey.from_env("DP_BEAM_TEST_NOISE_KEY")
+
+
+def test_from_env_missing_variable(monkeypatch):
+    monkeypatch.delenv("DP_BEAM_TEST_NOISE_KEY", raising=False)
+    with pytest.raises(ValueError, match="noise_key.*DP_BEAM_TEST_NOISE_KEY.*not set"):
+        NoiseKey.from_env("DP_BEAM_TEST_NOISE_KEY")
+    with pytest.raises(ValueError, match="noise_key"):
+        NoiseKey.from_env("")
+
+
+def test_from_file_reads_raw_hex_and_base64(tmp_path):
+    raw = bytes([200]) + bytes(range(1, 32))  # not printable: read as raw bytes
+    (tmp_path / "raw").write_bytes(raw)
+    assert NoiseKey.from_file(tmp_path / "raw") == NoiseKey.from_bytes(raw)
+    (tmp_path / "hex").write_text(KEY_BYTES.hex() + "\n")
+    assert NoiseKey.from_file(str(tmp_path / "hex")) == KEY
+    (tmp_path / "b64").write_text(base64.b64encode(KEY_BYTES).decode())
+    assert NoiseKey.from_file(tmp_path / "b64") == KEY
+    (tmp_path / "wrapped").write_text(KEY_BYTES.hex()[:32] + "\r\n" + KEY_BYTES.hex()[32:] + "\n")
+    assert NoiseKey.from_file(tmp_path / "wrapped") == KEY
+
+
+def test_from_file_errors_name_noise_key(tmp_path):
+    with pytest.raises(ValueError, match="noise_key.*cannot read"):
+        NoiseKey.from_file(tmp_path / "missing")
+    (tmp_path / "short").write_bytes(bytes([200]) * 8)
+    with pytest.raises(ValueError, match="noise_key.*at least 32 bytes"):
+        NoiseKey.from_file(tmp_path / "short")
+    # A text key with a typo fails instead of becoming a raw key.
+    (tmp_path / "typo").write_text(KEY_BYTES.hex()[:-1] + "!")
+    with pytest.raises(ValueError, match="noise_key.*neither hex nor base64"):
+        NoiseKey.from_file(tmp_path / "typo")
+
+
+def test_bit_stream_is_exported_type():
+    assert isinstance(KEY.stream("x"), BitStream)
