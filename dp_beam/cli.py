@@ -154,28 +154,36 @@ def plan_tables(accountings, budget) -> str:
 
     pcolls = list(accountings.values()) if isinstance(accountings, dict) else list(accountings)
     entries = plan_entries(pcolls)
-    rows = [(e.transform, e.unit, e.scope, e.mechanism, e.noise or "-", _num(e.sensitivity),
-             _num(e.epsilon), _num(e.delta), _num(e.rho)) for e in entries]
+    rows = [(e.transform, e.unit, e.relation, e.scope, e.mechanism, e.noise or "-",
+             _num(e.sensitivity), _num(e.epsilon), _num(e.delta), _num(e.rho)) for e in entries]
     parts = ["Transforms (planned charge of each stream; streams of one transform's keys "
-             "compose in parallel)",
-             format_table(("transform", "unit", "scope", "mechanism", "noise", "sensitivity",
-                           "ε", "δ", "ρ"), rows)]
+             "compose in parallel; relation: the neighbour relation the charge is stated for)",
+             format_table(("transform", "unit", "relation", "scope", "mechanism", "noise",
+                           "sensitivity", "ε", "δ", "ρ"), rows)]
     reports = dpb.plan(pcolls, budget)
     rows = []
     for r in reports:
-        status = "within" if r.within_budget else "OVER"
-        rows.append((r.unit, _num(r.epsilon), _num(r.delta), _num(r.rho),
+        budgeted = r.budget_epsilon is not None or r.budget_rho is not None
+        status = ("within" if r.within_budget else "OVER") if budgeted else "not budgeted"
+        rows.append((r.unit, r.relation,
+                     _num(r.epsilon) if r.epsilon is not None else "unbounded",
+                     _num(r.delta), _num(r.rho),
                      _num(r.budget_epsilon), _num(r.budget_delta), _num(r.budget_rho),
                      _num(r.remaining_epsilon), _num(r.remaining_delta),
                      _num(r.remaining_rho), status))
     limits = ", ".join(f"{name} = {_num(getattr(budget, attr))}" for name, attr in (
         ("ε", "epsilon"), ("δ", "delta"), ("ρ", "rho")) if getattr(budget, attr, None) is not None)
-    parts += ["", f"Per privacy unit, against the budget ({limits})",
-              format_table(("unit", "ε", "δ", "ρ", "budget ε", "budget δ", "budget ρ",
-                            "remaining ε", "remaining δ", "remaining ρ", "status"), rows)]
-    notes = [f"{r.unit}: {r.note}" for r in reports if getattr(r, "note", "")]
-    notes += [f"{r.unit}: tightest ε at δ={_num(r.at_delta)} is {_num(r.epsilon_at_delta)} "
-              f"({r.method})" for r in reports
+    stated = sorted({r.relation for r in reports if r.budget_epsilon is not None
+                     or r.budget_rho is not None})
+    if stated:
+        limits += f"; stated for {', '.join(stated)} neighbours"
+    parts += ["", f"Per privacy unit and neighbour relation, against the budget ({limits})",
+              format_table(("unit", "relation", "ε", "δ", "ρ", "budget ε", "budget δ",
+                            "budget ρ", "remaining ε", "remaining δ", "remaining ρ", "status"),
+                           rows)]
+    notes = [f"{r.unit} ({r.relation}): {r.note}" for r in reports if getattr(r, "note", "")]
+    notes += [f"{r.unit} ({r.relation}): tightest ε at δ={_num(r.at_delta)} is "
+              f"{_num(r.epsilon_at_delta)} ({r.method})" for r in reports
               if getattr(r, "epsilon_at_delta", None) is not None
               and r.epsilon_at_delta != r.epsilon]
     if notes:
@@ -290,22 +298,50 @@ def count_like_transforms(ledger) -> set:
 
 
 def spent_per_unit(ledger, reports):
-    """``{unit: (spent ε, budget ε or None, {transform: ε})}``, preferring the run's report."""
-    per_transform = defaultdict(lambda: defaultdict(float))
+    """``{(unit, relation): (spent ε or None, budget ε or None, {transform: ε})}``.
+
+    One item per total of the run's final reports (per privacy unit and
+    neighbour relation; reports written before relations were recorded are
+    add/remove ones), or, without reports, per unit and relation of the
+    ledger. ``spent`` is the report's ε, ``None`` where it states no bound
+    (its note says why). The bars are the ledger's charges of that unit in
+    the total's relation: an add/remove charge counts twice under
+    ``replace`` and ``values``; a charge with no conversion is left out.
+    """
+    from dp_beam.accounting.relations import factor
+
+    charged = defaultdict(dict)  # unit -> transform -> (ε, relation)
     for e in ledger:
         if e.get("epsilon") is not None:
-            t = per_transform[e["unit"]]
+            t = charged[e["unit"]]
+            relation = e.get("relation") or "add/remove"
             # keys of one transform compose in parallel: the maximum, not the sum
-            t[e["transform"]] = max(t[e["transform"]], float(e["epsilon"]))
-    out = {}
+            eps = max(t.get(e["transform"], (0.0, relation))[0], float(e["epsilon"]))
+            t[e["transform"]] = (eps, relation)
     final = {}
-    for r in reports:  # accumulating reports: the last one per unit is the final one
-        final[r["unit"]] = r
-    for unit in sorted(set(per_transform) | set(final)):
-        r = final.get(unit)
-        spent = r["epsilon"] if r and r.get("epsilon") is not None else sum(
-            per_transform[unit].values())
-        out[unit] = (spent, r.get("budget_epsilon") if r else None, dict(per_transform[unit]))
+    for r in reports:  # accumulating reports: the last one per total is the final one
+        final[(r["unit"], r.get("relation") or "add/remove")] = r
+    totals = set(final) or {(unit, rel) for unit, t in charged.items() for _, rel in t.values()}
+
+    def bars(unit, relation):
+        out = {}
+        for name, (eps, rel) in charged.get(unit, {}).items():
+            k = factor(rel, relation)
+            if k is not None:
+                out[name] = k * eps
+        return out
+
+    order = {"add/remove": 0, "replace": 1, "values": 2}
+    out = {}
+    for unit, relation in sorted(totals, key=lambda ur: (ur[0], order.get(ur[1], 3), ur[1])):
+        r = final.get((unit, relation))
+        by_transform = bars(unit, relation)
+        if r is not None:
+            spent = r.get("epsilon")
+        else:
+            mixed = any(factor(rel, relation) is None for _, rel in charged[unit].values())
+            spent = None if mixed else sum(by_transform.values())
+        out[(unit, relation)] = (spent, r.get("budget_epsilon") if r else None, by_transform)
     return out
 
 
@@ -369,14 +405,17 @@ def render_png(streams, spent, consistent=frozenset(), zoom=72, max_streams=12):
             budget_ax.plot([budget, budget], [i - 0.4, i + 0.4], color="black", linewidth=2,
                            label="budget" if i == 0 else None)
         budget_ax.text(max(left, budget or 0) * 1.01, i,
-                       f" ε spent {_num(total)}" + (f" of {_num(budget)}" if budget else ""),
+                       (f" ε spent {_num(total)}" if total is not None else " ε unbounded")
+                       + (f" of {_num(budget)}" if budget else ""),
                        va="center", fontsize=8)
-    budget_ax.set_yticks(range(len(units)), [f"{u}-level" for u in units])
+    budget_ax.set_yticks(range(len(units)), [f"{u}-level, {rel}" for u, rel in units])
     budget_ax.set_xlabel("ε")
-    budget_ax.set_title("privacy budget spent per unit (bars: ε per transform)", fontsize=9)
+    budget_ax.set_title("privacy budget spent per unit and neighbour relation "
+                        "(bars: ε per transform in that relation)", fontsize=9)
     if units:
         budget_ax.legend(loc="center left", bbox_to_anchor=(1.01, 0.5), fontsize=7)
-        budget_ax.set_xlim(0, max(max(t, b or 0) for t, b, _ in spent.values()) * 1.3 or 1)
+        budget_ax.set_xlim(0, max(max(t if t is not None else sum(by.values()), b or 0)
+                                  for t, b, by in spent.values()) * 1.3 or 1)
     fig.tight_layout()
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=100)
@@ -399,13 +438,13 @@ def render_html(out_dir, png, streams, ledger, spent, consistent) -> str:
     ledger_rows = []
     for e in ledger:
         ledger_rows.append("<tr>" + "".join(f"<td>{esc(str(c))}</td>" for c in (
-            e.get("transform"), e.get("unit"), e.get("key"), e.get("neighbours"),
-            _num(e.get("epsilon")), _num(e.get("delta")), _num(e.get("rho")),
+            e.get("transform"), e.get("unit"), e.get("key"), e.get("relation") or "add/remove",
+            e.get("neighbours"), _num(e.get("epsilon")), _num(e.get("delta")), _num(e.get("rho")),
             e.get("mechanism"), e.get("noise"))) + "</tr>")
     budget_rows = ["<tr>" + "".join(f"<td>{esc(str(c))}</td>" for c in (
-        unit, _num(total), _num(budget),
+        unit, relation, _num(total) if total is not None else "unbounded", _num(budget),
         _num(budget - total) if budget is not None and total is not None else "-")) + "</tr>"
-        for unit, (total, budget, _) in spent.items()]
+        for (unit, relation), (total, budget, _) in spent.items()]
     img = base64.b64encode(png).decode("ascii")
 
     def table(header, rows):
@@ -429,11 +468,11 @@ Consistent (isotonic) versions are free post-processing of the releases.</p>
 {table(("transform", "key", "steps", "first window start (UTC)", "last window end (UTC)",
         "last value ± 95 %", "mechanism", "consistent"), stream_rows)}
 <img alt="released series and privacy budget" src="data:image/png;base64,{img}">
-<h2>Privacy budget per unit</h2>
-{table(("unit", "ε spent", "budget ε", "remaining ε"), budget_rows)}
+<h2>Privacy budget per unit and neighbour relation</h2>
+{table(("unit", "relation", "ε spent", "budget ε", "remaining ε"), budget_rows)}
 <h2>Ledger</h2>
-{table(("transform", "unit", "key", "neighbours", "ε", "δ", "ρ", "mechanism", "noise"),
-       ledger_rows)}
+{table(("transform", "unit", "key", "relation", "neighbours", "ε", "δ", "ρ", "mechanism",
+        "noise"), ledger_rows)}
 </body></html>
 """
 

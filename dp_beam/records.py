@@ -10,7 +10,10 @@ meaning changes.
 import math
 from typing import Any, NamedTuple, Optional
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+
+#: The neighbour relations a ledger entry can be stated for (``LedgerEntry.relation``).
+RELATIONS = ("add/remove", "replace", "values")
 
 
 class Release(NamedTuple):
@@ -63,7 +66,19 @@ class LedgerEntry(NamedTuple):
     """A privacy charge, emitted on a transform's ``.accounting`` output.
 
     ``unit`` is the privacy unit (``"event"`` or ``"user"``), ``neighbours``
-    the neighbour relation the guarantee is stated for. ``scope`` names the
+    the neighbour relation the guarantee is stated for, in words, and
+    ``relation`` the same relation as one of :data:`RELATIONS`, which is what
+    composition reads:
+
+    * ``"add/remove"``: neighbouring inputs differ by adding or removing one
+      unit (an event, or all events of a user);
+    * ``"replace"``: they differ in one unit's data, the number of units being
+      public (the ERM transforms: replace one event, count-triggered blocks);
+    * ``"values"``: they differ in one user's values, the arrival pattern (who
+      sends a sample, when, and under which key) being public
+      (``ContinualMean(neighbours="values")``).
+
+    ``scope`` names the
     partition the charge applies to: ``"stream"`` for an unkeyed stream and
     ``"key"`` for one stream per key, in which case ``key`` says which and the
     charges of different keys of one transform compose in parallel (each event,
@@ -76,8 +91,8 @@ class LedgerEntry(NamedTuple):
 
     >>> e = LedgerEntry("hourly", "event", "add/remove one event", 0.5, 0.0, 0.125, "tree",
     ...                 "stream")
-    >>> to_json(e)["version"], e.group
-    (1, 1)
+    >>> to_json(e)["version"], e.group, e.relation
+    (2, 1, 'add/remove')
     """
     transform: str
     unit: str
@@ -94,6 +109,7 @@ class LedgerEntry(NamedTuple):
     max_contributions: Optional[int] = None
     group: int = 1
     version: int = SCHEMA_VERSION
+    relation: str = "add/remove"  # one of RELATIONS (schema version 2)
 
 
 class InvalidElement(NamedTuple):
@@ -143,6 +159,11 @@ def to_json(record) -> dict:
 class AccountingReport(NamedTuple):
     """The composed privacy cost of a set of transforms for one privacy unit.
 
+    ``relation`` is the neighbour relation the total is stated for (one of
+    :data:`RELATIONS`): charges stated for another relation enter converted
+    where a conversion holds (an add/remove charge counts twice under
+    ``"replace"`` and ``"values"``), and make the total unbounded where none
+    does (see :func:`dp_beam.accounting.compose`).
     ``epsilon``/``delta`` are basic sequential composition across transforms
     (after parallel composition across the keys of each transform and group
     privacy where a unit spans several records); ``rho`` adds the zCDP costs.
@@ -159,6 +180,8 @@ class AccountingReport(NamedTuple):
     >>> (report,) = compose([e], Budget(epsilon=1.0))
     >>> report.unit, report.epsilon, report.remaining_epsilon, report.within_budget
     ('event', 0.5, 0.5, True)
+    >>> report.relation, to_json(report)["version"]
+    ('add/remove', 2)
     """
     unit: str
     epsilon: Optional[float]
@@ -178,3 +201,4 @@ class AccountingReport(NamedTuple):
     lines: tuple
     note: str = ""
     version: int = SCHEMA_VERSION
+    relation: str = "add/remove"  # one of RELATIONS (schema version 2)

@@ -44,7 +44,7 @@ def test_plan_prints_transforms_units_budget_and_remaining(capsys):
     for text in ("hourly departures", "delay minutes", "remaining ε", "budget ε", "within"):
         assert text in out
     row = next(l for l in out.splitlines() if l.startswith("event "))
-    assert row.split()[1] == "2"  # total ε of the event unit
+    assert row.split()[1:3] == ["add/remove", "2"]  # relation and total ε of the event unit
 
 
 @needs_flights
@@ -96,7 +96,9 @@ def test_consistent_series_are_the_isotonic_fit_of_counts_only(run_dir):
     fit = isotonic_increasing(values)
     assert np.all(np.diff(fit) >= 0)
     spent = cli.spent_per_unit(ledger, reports)
-    assert spent["event"][0] == pytest.approx(1.0) and spent["event"][1] == 1.0
+    assert list(spent) == [("event", "add/remove")]
+    assert spent["event", "add/remove"][0] == pytest.approx(1.0)
+    assert spent["event", "add/remove"][1] == 1.0
 
 
 def test_report_rejects_an_unknown_count_label(run_dir, capsys):
@@ -156,3 +158,64 @@ def test_report_names_model_records_it_cannot_plot(tmp_path, capsys):
     assert cli.main(["report", str(tmp_path)]) == 1
     assert "no plottable releases" in capsys.readouterr().err
     assert cli.other_records(str(tmp_path)) == {"ModelRecord": 1}
+
+
+def _mixed_plan():
+    """An ERM stream (replace one event) beside an add/remove count, as planned accounting."""
+    from types import SimpleNamespace
+
+    from dp_beam.records import LedgerEntry
+    from dp_beam.transforms.release import PLAN_ATTRIBUTE
+
+    count = LedgerEntry("hourly", "event", "add/remove one event", 0.5, 0.0, 0.125, "tree",
+                        "stream", noise="laplace")
+    model = count._replace(transform="model", neighbours="replace one event",
+                           mechanism="continual_erm", relation="replace")
+    return {name: SimpleNamespace(**{PLAN_ATTRIBUTE: (e,)})
+            for name, e in (("hourly", count), ("model", model))}
+
+
+def test_plan_tables_show_the_relation_of_every_charge_and_total():
+    import dp_beam as dpb
+
+    out = cli.plan_tables(_mixed_plan(), dpb.Budget(epsilon=2.0, relation="replace"))
+    lines = out.splitlines()
+    assert next(l for l in lines if l.startswith("model ")).split()[2] == "replace"
+    assert next(l for l in lines if l.startswith("hourly ")).split()[2] == "add/remove"
+    totals = [l.split() for l in lines if l.startswith("event ") and "(" not in l]
+    assert [t[:3] for t in totals] == [["event", "add/remove", "unbounded"],
+                                       ["event", "replace", "1.5"]]
+    assert totals[0][-2:] == ["not", "budgeted"] and totals[1][-1] == "within"
+    assert "stated for replace neighbours" in out
+    assert "event (add/remove): no 'add/remove' bound" in out and "'model'" in out
+    assert "event (replace): add/remove charges of 'hourly' counted twice" in out
+    with pytest.raises(ValueError, match="relation=\"replace\""):
+        cli.plan_tables(_mixed_plan(), dpb.Budget(epsilon=2.0))
+
+
+def test_report_budget_per_unit_and_relation(tmp_path):
+    import json
+
+    import dp_beam as dpb
+    from dp_beam.records import to_json
+    from dp_beam.transforms.accounting import plan_entries
+
+    entries = plan_entries(list(_mixed_plan().values()))
+    reports = [to_json(r) for r in dpb.accounting.compose(
+        entries, dpb.Budget(epsilon=2.0, relation="replace"))]
+    ledger = [json.loads(json.dumps(to_json(e))) for e in entries]
+    spent = cli.spent_per_unit(ledger, reports)
+    assert list(spent) == [("event", "add/remove"), ("event", "replace")]
+    assert spent["event", "add/remove"] == (None, None, {"hourly": 0.5})
+    total, budget, bars = spent["event", "replace"]
+    assert total == pytest.approx(1.5) and budget == 2.0
+    assert bars == {"hourly": 1.0, "model": 0.5}  # the add/remove count counts twice
+    # Without reports: totals per relation of the ledger, unbounded where relations mix.
+    assert cli.spent_per_unit(ledger, [])["event", "add/remove"][0] is None
+    _write_jsonl(tmp_path / "releases.jsonl", [_mean_release(s, 1.0, 0.5) for s in range(2)])
+    (tmp_path / "ledger.jsonl").write_text("".join(json.dumps(e) + "\n" for e in ledger))
+    (tmp_path / "report.jsonl").write_text("".join(json.dumps(r) + "\n" for r in reports))
+    assert cli.main(["report", str(tmp_path)]) == 0
+    page = (tmp_path / "report.html").read_text()
+    assert "<td>add/remove</td><td>unbounded</td>" in page
+    assert "<td>replace</td><td>1.5</td><td>2</td>" in page

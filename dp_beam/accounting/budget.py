@@ -3,6 +3,8 @@
 import math
 from typing import Optional
 
+from dp_beam.accounting.relations import check_relation
+
 
 def _check_nonnegative(name, value, allow_none=True):
     if value is None and allow_none:
@@ -22,6 +24,20 @@ class Budget:
     admits plans whose zCDP costs add up to at most ρ. Both may be given; then
     both must hold.
 
+    ``relation`` is the neighbour relation the budget is stated for (one of
+    :data:`~dp_beam.records.RELATIONS`): ``"add/remove"`` (one unit added or
+    removed), ``"replace"`` (one unit's data replaced, the number of units
+    public) or ``"values"`` (one user's values changed, the arrival pattern
+    public). The plan's total under that relation is checked; charges stated
+    for another relation are converted where a conversion holds and refused
+    where none does (:func:`dp_beam.accounting.compose`). ``None`` (default)
+    means the relation every charge of the plan is stated for when they agree
+    (a plan of ERM transforms only is checked under ``"replace"``, as its
+    transforms state), and ``"add/remove"`` when they differ.
+
+    >>> Budget(epsilon=1.0, relation="replace")
+    Budget(epsilon=1.0, delta=0.0, relation='replace')
+
     >>> Budget(epsilon=1.0).admits(epsilon=0.4 + 0.6, delta=0.0, rho=0.5)
     True
     >>> Budget(epsilon=1.0).admits(epsilon=1.2, delta=0.0, rho=0.72)
@@ -33,7 +49,10 @@ class Budget:
     _REL_SLACK = 1e-9
 
     def __init__(self, epsilon: Optional[float] = None, delta: float = 0.0,
-                 rho: Optional[float] = None):
+                 rho: Optional[float] = None, *, relation: Optional[str] = None):
+        if relation is not None:
+            check_relation(relation)
+        self.relation = relation
         self.epsilon = _check_nonnegative("epsilon", epsilon)
         self.delta = _check_nonnegative("delta", delta, allow_none=False)
         self.rho = _check_nonnegative("rho", rho)
@@ -66,4 +85,6 @@ class Budget:
             parts.append(f"delta={self.delta!r}")
         if self.rho is not None:
             parts.append(f"rho={self.rho!r}")
+        if self.relation is not None:
+            parts.append(f"relation={self.relation!r}")
         return f"Budget({', '.join(parts)})"

@@ -20,13 +20,32 @@ Rules (spec withhold_release_and_composition.md §4, seed 001):
   enforce it), and the report's note says so. Without any declaration the
   user-level total is unbounded (``None``).
 * R4 post-processing is free: it never produces a ledger entry.
+* Neighbour relations (:mod:`dp_beam.accounting.relations`): every charge is
+  stated for one relation (``LedgerEntry.relation``) and so is every total
+  (``AccountingReport.relation``). Within a relation charges add up as above;
+  across relations they enter only through a conversion that holds: an
+  add/remove charge counts twice (2ε, (1 + e^ε)·δ, 4ρ) in a ``"replace"`` or
+  ``"values"`` total, a replace charge counts as it is in a ``"values"``
+  total, and a charge with no conversion (``"replace"`` or ``"values"`` into
+  ``"add/remove"``, ``"values"`` into ``"replace"``) makes the total
+  unbounded (``None``), with a note naming the transforms and why.
+  Group privacy over a user's events applies within each relation, before
+  the conversion.
+* Which totals: a plan whose charges share one relation gets its totals
+  under that relation only (one report per unit, as before relations were
+  recorded); a plan that mixes relations gets the add/remove totals and the
+  totals under every other relation present, per unit; a budget's relation
+  (:class:`~dp_beam.accounting.Budget`) is always reported, and only the
+  reports under it carry the budget.
 """
 
 from collections import OrderedDict
 from typing import Iterable, List, Optional
 
 from dp_beam.accounting.costs import best_epsilon, scale
-from dp_beam.records import AccountingReport, LedgerEntry
+from dp_beam.accounting.relations import (ADD_REMOVE, REPLACE, VALUES, check_relation, convert,
+                                          factor, why_unbounded)
+from dp_beam.records import RELATIONS, AccountingReport, LedgerEntry
 
 UNITS = ("event", "user")
 
@@ -35,6 +54,7 @@ def per_transform(entries: Iterable[LedgerEntry]) -> "OrderedDict[str, LedgerEnt
     """Maximum charge per transform over its keys (parallel composition, R3)."""
     by_transform = OrderedDict()
     for e in entries:
+        check_relation(e.relation, f"relation of ledger entry {e.transform!r}")
         cur = by_transform.get(e.transform)
         if cur is None:
             by_transform[e.transform] = e
@@ -43,14 +63,19 @@ def per_transform(entries: Iterable[LedgerEntry]) -> "OrderedDict[str, LedgerEnt
             raise ValueError(
                 f"transform {e.transform!r} reports two privacy units "
                 f"({cur.unit!r}, {e.unit!r}); labels of transforms must be unique")
+        if cur.relation != e.relation:
+            raise ValueError(
+                f"transform {e.transform!r} reports two neighbour relations "
+                f"({cur.relation!r}, {e.relation!r}); labels of transforms must be unique")
         by_transform[e.transform] = cur._replace(
             epsilon=max(cur.epsilon, e.epsilon), delta=max(cur.delta, e.delta),
             rho=max(cur.rho, e.rho))
     return by_transform
 
 
-def _charge(e: LedgerEntry, k: int = 1):
+def _charge(e: LedgerEntry, k: int = 1, conversion: int = 1):
     eps, delta, rho = scale(e.epsilon, e.delta, e.rho, k)
+    eps, delta, rho = convert(eps, delta, rho, conversion)
     return (eps, delta, rho, e.noise)
 
 
@@ -60,20 +85,79 @@ def _minus(limit: Optional[float], used: Optional[float]) -> Optional[float]:
     return limit - used
 
 
+def relations_of(entries: Iterable[LedgerEntry]) -> List[str]:
+    """The relations the entries are stated for, in the order of ``RELATIONS``."""
+    present = {e.relation for e in entries}
+    return [r for r in RELATIONS if r in present]
+
+
+def budget_relation(budget, entries: Iterable[LedgerEntry]) -> str:
+    """The relation a budget applies to: its own, else the plan's single one, else add/remove."""
+    own = getattr(budget, "relation", None)
+    if own is not None:
+        return check_relation(own)
+    present = relations_of(entries)
+    return present[0] if len(present) == 1 else ADD_REMOVE
+
+
+def totals_of(entries: Iterable[LedgerEntry], budget=None) -> List[str]:
+    """The relations a plan's totals are stated for (see the module docstring)."""
+    entries = list(entries)
+    present = relations_of(entries)
+    wanted = set(present) if len(present) == 1 else set(present) | {ADD_REMOVE}
+    if budget is not None:
+        wanted.add(budget_relation(budget, entries))
+    return [r for r in RELATIONS if r in wanted]
+
+
+def unbounded_by_relation(entries: Iterable[LedgerEntry], relation: str) -> List[LedgerEntry]:
+    """The transforms (one entry each) whose relation gives no bound under ``relation``."""
+    return [e for e in per_transform(entries).values() if factor(e.relation, relation) is None]
+
+
+def _names(entries) -> str:
+    return ", ".join(repr(t) for t in sorted({e.transform for e in entries}))
+
+
+def _relation_note(blocked, relation) -> str:
+    parts = []
+    for charge_relation in RELATIONS:
+        mine = [e for e in blocked if e.relation == charge_relation]
+        if mine:
+            parts.append(f"{_names(mine)} ({charge_relation!r}): "
+                         f"{why_unbounded(charge_relation, relation)}")
+    return (f"no {relation!r} bound: transforms stated for another neighbour relation, with no "
+            "conversion to this one: " + "; ".join(parts))
+
+
+def _conversion_note(converted, relation) -> str:
+    return (f"add/remove charges of {_names(converted)} counted twice under {relation!r} "
+            "(one unit's data replaced = one removal and one addition: 2ε, (1 + e^ε)·δ, 4ρ)")
+
+
 def compose(entries: Iterable[LedgerEntry], budget=None,
             events_per_user: Optional[int] = None) -> List[AccountingReport]:
-    """Compose ledger entries into one report per privacy unit.
+    """Compose ledger entries into reports per privacy unit and neighbour relation.
 
-    A plan without user-level transforms gets an event-level report only.
+    A plan without user-level transforms gets event-level reports only; a
+    plan whose charges share one relation gets one report per unit, stated
+    for that relation (see the module docstring for mixed plans).
 
     >>> from dp_beam.records import LedgerEntry
     >>> a = LedgerEntry("count", "event", "add/remove one event", 0.5, 0.0, 0.125, "tree", "stream")
     >>> b = a._replace(transform="sum")
-    >>> [(r.unit, r.epsilon) for r in compose([a, b])]
-    [('event', 1.0)]
+    >>> [(r.unit, r.relation, r.epsilon) for r in compose([a, b])]
+    [('event', 'add/remove', 1.0)]
     >>> u = b._replace(unit="user", max_contributions=2)
     >>> [(r.unit, r.epsilon) for r in compose([a, u])]   # a counts twice for a user
     [('event', 1.0), ('user', 1.5)]
+
+    An ERM stream (replace one event) beside an add/remove count: no
+    add/remove bound, and the count counts twice under replace.
+
+    >>> m = a._replace(transform="model", relation="replace")
+    >>> [(r.relation, r.epsilon) for r in compose([a, m])]
+    [('add/remove', None), ('replace', 1.5)]
     """
     entries = list(dict.fromkeys(entries))  # a re-emitted entry is not a new charge
     per = per_transform(entries)
@@ -81,38 +165,57 @@ def compose(entries: Iterable[LedgerEntry], budget=None,
                 if e.unit == "user" and e.max_contributions]
     group = events_per_user if events_per_user is not None else (max(declared) if declared else None)
     units = [u for u in UNITS if u == "event" or any(e.unit == u for e in per.values())]
+    relations = totals_of(entries, budget)
+    budgeted = budget_relation(budget, entries) if budget is not None else None
+    event_level = [e for e in per.values() if e.unit != "user"]
     reports = []
     for unit in units:
-        event_level = [e for e in per.values() if e.unit != "user"]
-        note = ""
-        if unit == "event":
-            charges = [_charge(e) for e in per.values()]
-        elif event_level and group is None:
-            charges = None
-            note = ("no user-level bound: event-level transforms "
-                    + ", ".join(sorted(e.transform for e in event_level))
-                    + " need a declared number of events per user (group privacy)")
-        else:
-            charges = [_charge(e, group if e.unit != "user" else 1) for e in per.values()]
-            if event_level:
-                source = ("declared events_per_user" if events_per_user is not None
-                          else "the largest max_contributions of the user-level transforms")
-                note = (f"event-level transforms {', '.join(sorted(e.transform for e in event_level))}"
-                        f" counted by group privacy over at most {group} events per user "
-                        f"({source}); this assumes no user has more events in their input")
-        included = [t for t, e in per.items() if charges is not None or e.unit == unit]
-        lines = tuple(e for e in entries if e.transform in included)
-        reports.append(_report(unit, charges, budget, tuple(included), lines, note))
+        for relation in relations:
+            blocked = [e for e in per.values() if factor(e.relation, relation) is None]
+            notes = [_relation_note(blocked, relation)] if blocked else []
+            group_missing = unit == "user" and bool(event_level) and group is None
+            if blocked or group_missing:
+                charges = None
+            else:
+                charges = [_charge(e, group if unit == "user" and e.unit != "user" else 1,
+                                   factor(e.relation, relation)) for e in per.values()]
+            if unit == "user" and event_level:
+                names = ", ".join(sorted(e.transform for e in event_level))
+                if group_missing:
+                    notes.append("no user-level bound: event-level transforms " + names
+                                 + " need a declared number of events per user (group privacy)")
+                elif not blocked:
+                    source = ("declared events_per_user" if events_per_user is not None
+                              else "the largest max_contributions of the user-level transforms")
+                    note = (f"event-level transforms {names} counted by group privacy over at "
+                            f"most {group} events per user ({source}); this assumes no user has "
+                            "more events in their input")
+                    if any(e.relation == REPLACE for e in event_level) and relation != VALUES:
+                        note += (", and that replacing a user keeps their number of events "
+                                 "(replace-relation transforms reveal event counts)")
+                    notes.append(note)
+            converted = [e for e in per.values() if factor(e.relation, relation) == 2]
+            if charges is not None and converted:
+                notes.append(_conversion_note(converted, relation))
+            if charges is not None or blocked:
+                included = list(per)
+            else:
+                included = [t for t, e in per.items() if e.unit == unit]
+            lines = tuple(e for e in entries if e.transform in included)
+            reports.append(_report(unit, relation, charges,
+                                   budget if relation == budgeted else None,
+                                   tuple(included), lines, "; ".join(notes)))
     return reports
 
 
-def _report(unit, charges, budget, transforms, lines, note):
+def _report(unit, relation, charges, budget, transforms, lines, note):
     b_eps = budget.epsilon if budget is not None else None
     b_delta = budget.delta if budget is not None and budget.epsilon is not None else None
     b_rho = budget.rho if budget is not None else None
     if charges is None:
         return AccountingReport(unit, None, None, None, None, b_delta, "none", b_eps, b_delta,
-                                b_rho, None, None, None, budget is None, transforms, lines, note)
+                                b_rho, None, None, None, budget is None, transforms, lines, note,
+                                relation=relation)
     eps = float(sum(c[0] for c in charges))
     delta = float(sum(c[1] for c in charges))
     rho = float(sum(c[2] for c in charges))
@@ -126,7 +229,16 @@ def _report(unit, charges, budget, transforms, lines, note):
         remaining_epsilon=_minus(b_eps, tight),
         remaining_delta=_minus(b_delta, delta if method == "basic composition" else at_delta),
         remaining_rho=_minus(b_rho, rho), within_budget=within, transforms=transforms,
-        lines=lines, note=note)
+        lines=lines, note=note, relation=relation)
+
+
+# How to restate a plan whose charges give no bound under the budget's relation.
+_REMEDY = {
+    VALUES: ("give {names} neighbours=\"participation\" (an add/remove guarantee), or state "
+             "the budget for the values relation: Budget(..., relation=\"values\")"),
+    REPLACE: ("state the budget for the replace relation: Budget(..., relation=\"replace\") "
+              "(add/remove charges then count twice), or leave {names} out of this budget"),
+}
 
 
 def check_budget(entries: Iterable[LedgerEntry], budget,
@@ -134,21 +246,40 @@ def check_budget(entries: Iterable[LedgerEntry], budget,
     """Compose a plan and raise ``ValueError`` naming the transforms if it is over budget.
 
     This is the privacy filter of a pipeline: it runs at construction. The
-    budget applies to every unit the plan bounds; a user-level total the plan
-    cannot bound (event-level transforms, nothing declared) is reported, not
-    rejected, because the event-level guarantee is then the one in force.
+    budget applies to every unit the plan bounds, under the budget's relation
+    (:func:`budget_relation`). A plan with charges that give no bound under
+    that relation (a ``"values"`` mean or an ERM stream under an add/remove
+    budget) is refused, naming them and how to restate the plan. A user-level
+    total the plan cannot bound for lack of group privacy (event-level
+    transforms, nothing declared) is reported, not rejected, because the
+    event-level guarantee is then the one in force.
     """
     entries = list(entries)
+    relation = budget_relation(budget, entries)
+    blocked = unbounded_by_relation(entries, relation)
+    if blocked:
+        remedies = []
+        for charge_relation in (VALUES, REPLACE):
+            mine = [e for e in blocked if e.relation == charge_relation]
+            if mine:
+                remedies.append(_REMEDY[charge_relation].format(names=_names(mine)))
+        stated = ("is stated for" if getattr(budget, "relation", None) is not None else
+                  "applies to (a budget without relation= does when the plan mixes relations)")
+        raise ValueError(
+            f"budget {budget!r} {stated} {relation!r} neighbours, and the plan has "
+            f"{_relation_note(blocked, relation)}. To fix: " + "; or ".join(remedies))
     reports = compose(entries, budget, events_per_user)
     for r in reports:
-        if r.epsilon is None:
+        if r.epsilon is None or r.relation != relation:
             continue
         if not r.within_budget:
             costs = ", ".join(
-                f"{e.transform}: epsilon={e.epsilon:g}, delta={e.delta:g}, rho={e.rho:g}"
+                e.transform
+                + (f" ({e.relation}, counted twice)" if factor(e.relation, relation) == 2 else "")
+                + f": epsilon={e.epsilon:g}, delta={e.delta:g}, rho={e.rho:g}"
                 for e in per_transform(entries).values() if e.transform in r.transforms)
             raise ValueError(
-                f"budget exceeded for privacy unit {r.unit!r}: planned "
-                f"epsilon={r.epsilon:g} (at delta={r.at_delta:g}: {r.epsilon_at_delta}), "
+                f"budget exceeded for privacy unit {r.unit!r} under {relation!r} neighbours: "
+                f"planned epsilon={r.epsilon:g} (at delta={r.at_delta:g}: {r.epsilon_at_delta}), "
                 f"delta={r.delta:g}, rho={r.rho:g} > {budget!r} ({costs})")
     return reports

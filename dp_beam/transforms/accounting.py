@@ -3,7 +3,9 @@
 At construction it composes the plans the transforms attached to their
 ``.accounting`` outputs and raises ``ValueError`` when the plan exceeds the
 budget, before anything runs. At run time it merges the ledger entries the
-streams actually charged into a report per privacy unit, re-emitted
+streams actually charged into a report per privacy unit and neighbour
+relation (``AccountingReport.relation``; one relation unless the plan mixes
+them, see :func:`dp_beam.accounting.compose`), re-emitted
 (accumulating) whenever a new stream starts, so a streaming pipeline's report
 follows its activity; the last report of a batch run is the final one.
 """
@@ -41,9 +43,16 @@ def plan_entries(pcolls):
 
 
 def plan(pcolls, budget=None, events_per_user=None):
-    """The per-unit report of the planned costs, computed without running anything.
+    """The per-unit reports of the planned costs, computed without running anything.
 
-    Raises ``ValueError`` naming the transforms when ``budget`` is exceeded.
+    Each report states the neighbour relation of its total (``relation``): a
+    plan whose transforms share one relation gets one report per unit; a plan
+    that mixes them gets the add/remove totals and those of every other
+    relation present (charges converted or, where no conversion holds, the
+    total unbounded with a note). Raises ``ValueError`` naming the transforms
+    when ``budget`` is exceeded under its relation, or when the plan has no
+    bound under it (e.g. a ``neighbours="values"`` mean beside an add/remove
+    count under an add/remove budget).
     ``events_per_user`` declares how many events a user may have in the input
     of event-level transforms, for the user-level total (group privacy).
     """
@@ -116,8 +125,11 @@ class CombineAccounting(beam.PTransform):
 
     Composition (spec withhold_release_and_composition.md §4): sequential
     across transforms, parallel across the keys of one transform, and an
-    event-level total that counts user-level charges too. The planned report
-    is available as ``.planned`` after application, or from :func:`plan`.
+    event-level total that counts user-level charges too; each report names
+    the neighbour relation of its total (``relation``), and the budget is
+    checked under its own relation (``Budget(relation=...)``). The planned
+    reports are available as ``.planned`` after application, or from
+    :func:`plan`.
 
     >>> import dp_beam as dpb
     >>> dpb.CombineAccounting(dpb.Budget(epsilon=1.0)).budget

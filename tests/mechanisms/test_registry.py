@@ -13,7 +13,7 @@ from dp_beam.mechanisms import (
     participation_sensitivity,
 )
 
-from .participation_helpers import brute_force_norm
+from .participation_helpers import brute_force_norm, patterns
 
 
 def test_registry_names_match_classes():
@@ -50,15 +50,59 @@ def test_tree_participation_is_an_upper_bound(horizon, k, b):
 
 @pytest.mark.parametrize("name", sorted(MECHANISMS))
 def test_multiplier_is_between_1_and_k(name):
-    for k, b in ((1, 1), (4, 1), (4, 50)):
-        mult = participation_sensitivity(name, 1024, k, b)
-        assert 1.0 - 1e-12 <= mult <= k + 1e-12
-    assert participation_sensitivity(name, 1024, 1, 7) == pytest.approx(1.0)
-    assert participation_sensitivity(name, None, 5, 3) == 5.0
+    laplace = getattr(MECHANISMS[name], "LAPLACE", True)
+    noises = ("laplace", "gaussian") if laplace else ("gaussian",)
+    for noise in noises:
+        for k, b in ((1, 1), (4, 1), (4, 50)):
+            mult = participation_sensitivity(name, 1024, k, b, noise=noise)
+            assert 1.0 - 1e-12 <= mult <= k + 1e-12
+        assert participation_sensitivity(name, 1024, 1, 7, noise=noise) == pytest.approx(1.0)
+        assert participation_sensitivity(name, None, 5, 3, noise=noise) == 5.0
+
+
+def _l1_right_factor(name, horizon):
+    if name == "tree":
+        return tree_right_factor(horizon), horizon.bit_length()
+    cls = get_mechanism(name)
+    return cls.right_factor(horizon), cls._plan(horizon).l1
+
+
+@pytest.mark.parametrize("name", ["tree", "honaker", "smooth_binary"])
+@pytest.mark.parametrize("horizon,k,b", [(8, 3, 1), (12, 3, 2), (13, 4, 3), (9, 4, 4)])
+def test_laplace_multiplier_covers_the_l1_participation_norm(name, horizon, k, b):
+    # Laplace noise is calibrated to the L1 column norm: the multiplier must cover
+    # max_P ||sum_P R[:, s]||_1 / l1, which for these 0/1 factors is the pattern size.
+    right, l1 = _l1_right_factor(name, horizon)
+    assert np.abs(right).sum(axis=0).max() <= l1 + 1e-12
+    worst = max(np.abs(right[:, p].sum(axis=1)).sum() for p in patterns(horizon, k, b))
+    mult = participation_sensitivity(name, horizon, k, b, noise="laplace")
+    assert mult * l1 >= worst - 1e-12
+    assert mult == min(k, (horizon - 1) // b + 1)
+
+
+def test_laplace_tree_multiplier_is_the_l1_one_not_the_l2_one():
+    # Tree, T = 1024, 4 participations: the L2 ratio is 3.77, but Laplace noise is
+    # calibrated in L1 where the four columns add up to 4 x levels.
+    assert participation_sensitivity("tree", 1024, 4, 1) == 4.0
+    assert participation_sensitivity("tree", 1024, 4, 1, noise="laplace") == 4.0
+    assert participation_sensitivity("tree", 1024, 4, 1, noise="gaussian") == pytest.approx(
+        math.sqrt(156 / 11))
+    # A Laplace tree calibrated through the multiplier has k times the noise of one step.
+    mech = get_mechanism("tree")(1.0, sensitivity=4.0, horizon=1024, rng=ZeroNoise())
+    plain = get_mechanism("tree")(1.0, horizon=1024, rng=ZeroNoise())
+    assert mech.noise_std(10) == pytest.approx(4 * plain.noise_std(10))
+
+
+@pytest.mark.parametrize("name", ["blt", "sqrt_toeplitz"])
+def test_laplace_multiplier_is_refused_where_laplace_is_not_offered(name):
+    with pytest.raises(ValueError, match="noise"):
+        participation_sensitivity(name, 1024, 4, 1)
+    with pytest.raises(ValueError, match="noise"):
+        participation_sensitivity("tree", 1024, 4, 1, noise="uniform")
 
 
 def test_multiplier_calibrates_through_sensitivity():
-    mult = participation_sensitivity("blt", 1024, 4, 256)
+    mult = participation_sensitivity("blt", 1024, 4, 256, noise="gaussian")
     cls = get_mechanism("blt")
     mech = cls(1.0, sensitivity=mult, horizon=1024, noise="gaussian", delta=1e-6, rng=ZeroNoise())
     plain = cls(1.0, horizon=1024, noise="gaussian", delta=1e-6, rng=ZeroNoise())
@@ -72,7 +116,7 @@ def test_participation_validation(kwargs, name):
     args = dict(mechanism_name="blt", horizon=64, k=2, b=1)
     args.update(kwargs)
     with pytest.raises(ValueError, match=name):
-        participation_sensitivity(**args)
+        participation_sensitivity(**args, noise="gaussian")
 
 
 @pytest.mark.parametrize("noise, horizon", [("laplace", None), ("laplace", 2000),

@@ -101,21 +101,33 @@ def test_runtime_ledger_never_exceeds_the_plan_for_every_transform_type():
         events = p | beam.Create(EVENTS)
         results = {name: events | name >> make() for name, make in _factories().items()}
         accounting = {name: r.accounting for name, r in results.items()}
-        combine = dpb.CombineAccounting(dpb.Budget(epsilon=10.0, delta=1e-6))
+        # The ERM streams are private for replacing one event (count-triggered
+        # blocks): the budget that can hold them all is stated for "replace".
+        combine = dpb.CombineAccounting(dpb.Budget(epsilon=10.0, delta=1e-6, relation="replace"))
         holder["combine"] = combine
         holder["plan"] = per_transform(plan_entries(accounting))
         return {"report": accounting | combine,
                 "ledger": tuple(accounting.values()) | "ledger" >> beam.Flatten()}
     out = collect(batch_options(), build)
-    planned = {r.unit: r for r in holder["combine"].planned}
-    assert set(planned) == {"event", "user"}
+    planned = {(r.unit, r.relation): r for r in holder["combine"].planned}
+    assert set(planned) == {(unit, relation) for unit in ("event", "user")
+                            for relation in ("add/remove", "replace")}
+    for unit in ("event", "user"):
+        # Mixed relations: no add/remove bound (the ERM streams), a replace one within budget.
+        assert planned[unit, "add/remove"].epsilon is None
+        assert "erm" in planned[unit, "add/remove"].note
+        assert planned[unit, "replace"].within_budget
+        assert planned[unit, "replace"].budget_epsilon == 10.0
     seen = set()
     for r in out["report"]:
-        plan = planned[r.unit]
-        seen.add(r.unit)
+        plan = planned[r.unit, r.relation]
+        seen.add((r.unit, r.relation))
+        if plan.epsilon is None:
+            assert r.epsilon is None
+            continue
         assert r.epsilon <= plan.epsilon + 1e-12 and r.rho <= plan.rho + 1e-12
         assert r.epsilon_at_delta <= plan.epsilon_at_delta + 1e-9
-    assert seen == {"event", "user"}
+    assert seen == set(planned)
     # Every transform type charged at run time what it planned per stream, no more.
     charged = per_transform(out["ledger"])
     assert set(charged) == set(_factories())
@@ -201,3 +213,60 @@ def test_streaming_report_covers_every_declared_key_from_start():
     sizes = [len(r.lines) for r in out["report"]]
     assert sizes and sizes == sorted(sizes) and max(sizes) == 3
     assert all(r.epsilon == pytest.approx(0.5) for r in out["report"])  # parallel across keys
+
+
+def test_every_transform_states_its_neighbour_relation():
+    expected = {"count": "add/remove", "user count": "add/remove", "sum": "add/remove",
+                "gaussian sum": "add/remove", "monotone count": "add/remove",
+                "mean": "add/remove", "continual erm": "replace", "sliding erm": "replace",
+                "multi-resolution erm": "replace"}
+    for name, make in _factories().items():
+        entry = make().plan_entry(name)
+        assert entry.relation == expected[name], name
+        assert entry.version == 2
+    values = dpb.ContinualMean(user_fn=lambda e: e["carrier"], value_fn=lambda e: e["delay"],
+                               lower=0, upper=10, max_samples_per_user=8, epsilon=0.3,
+                               neighbours="values", step=10, **SCHEDULE)
+    assert values.plan_entry("m").relation == "values"
+    assert values.plan_entry("m").neighbours == "values"  # the text stays as it was
+    keys = dpb.PrivateKeys(epsilon=0.5, delta=1e-6)
+    assert keys.ledger_entry("c", "user", 6).relation == "add/remove"
+
+
+def _mean_and_user_count(p, budget):
+    events = p | beam.Create(EVENTS)
+    ts = dict(timestamp_fn=lambda e: e["ts"], step=10, rng=ZeroNoise(), **SCHEDULE)
+    mean = events | "mean" >> dpb.ContinualMean(
+        user_fn=lambda e: e["carrier"], value_fn=lambda e: e["delay"], lower=0, upper=10,
+        max_samples_per_user=8, epsilon=0.5, neighbours="values", **ts)
+    count = events | "users" >> dpb.ContinualCount(
+        epsilon=0.5, privacy_unit="user", user_fn=lambda e: e["carrier"], max_contributions=8,
+        **ts)
+    accountings = (mean.accounting, count.accounting)
+    combine = dpb.CombineAccounting(budget)
+    _ = accountings | combine
+    return combine, accountings
+
+
+def test_a_values_mean_and_an_add_remove_count_are_refused_under_an_add_remove_budget():
+    # Audit: this plan was reported as user ε = 1.0 within budget, but the values mean
+    # publishes exact user counts, so adding or removing a user is not bounded at all.
+    with pytest.raises(ValueError) as err:
+        with beam.Pipeline(options=batch_options()) as p:
+            _mean_and_user_count(p, dpb.Budget(epsilon=2.0))
+    msg = str(err.value)
+    assert "no 'add/remove' bound" in msg and "'mean'" in msg
+    assert 'neighbours="participation"' in msg and 'relation="values"' in msg
+    with beam.Pipeline(options=batch_options()) as p:
+        combine, accountings = _mean_and_user_count(p, dpb.Budget(epsilon=1.5, relation="values"))
+        reports = dpb.plan(accountings)  # no budget: every total, none budgeted
+    planned = {(r.unit, r.relation): r for r in combine.planned}
+    assert list(planned) == [("event", "add/remove"), ("event", "values"),
+                             ("user", "add/remove"), ("user", "values")]
+    assert planned["user", "add/remove"].epsilon is None
+    assert planned["user", "values"].epsilon == pytest.approx(0.5 + 2 * 0.5)
+    assert planned["user", "values"].within_budget
+    assert planned["user", "values"].budget_epsilon == 1.5
+    assert [(r.unit, r.relation, r.epsilon) for r in reports] == [
+        (r.unit, r.relation, r.epsilon) for r in combine.planned]
+    assert all(r.budget_epsilon is None for r in reports)
