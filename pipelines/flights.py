@@ -134,7 +134,8 @@ DELAY_NUMERIC = ("dep_delay", "arr_delay", "distance", "hour", "air_time")
 def load_delay_flights(limit_days=None, path=None) -> list:
     """One dict per scheduled flight, sorted by scheduled departure, for the arrival-delay model.
 
-    Keys: ``ts`` (as in :func:`load_flights`), ``carrier``, ``origin`` and the
+    Keys: ``ts`` (as in :func:`load_flights`), ``id`` (the flight's row in the
+    published file: a public, immutable record id), ``carrier``, ``origin`` and the
     numbers ``dep_delay``, ``arr_delay``, ``air_time`` (minutes), ``distance``
     (miles) and ``hour`` (scheduled departure hour, local time), each a
     ``float`` or ``None`` when missing (cancelled and diverted flights have no
@@ -151,7 +152,7 @@ def load_delay_flights(limit_days=None, path=None) -> list:
     origins = df["origin"].to_numpy(dtype=object)[order].tolist()
     out = []
     for i, t in enumerate(ts[order].tolist()):
-        rec = {"ts": int(t), "carrier": carriers[i], "origin": origins[i]}
+        rec = {"ts": int(t), "id": int(order[i]), "carrier": carriers[i], "origin": origins[i]}
         for name in DELAY_NUMERIC:
             v = columns[name][i]
             rec[name] = None if np.isnan(v) else float(v)

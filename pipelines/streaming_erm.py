@@ -171,9 +171,10 @@ def arrived_late(flight):
 def ordered_points(flights):
     """``(ts, X, y)`` of the usable flights in the order the transforms consume them.
 
-    The transforms order a step's points by (event time, features, label) and
-    the steps by time, so this is the global order by that key. Flights whose
-    features or label raise are left out (the transforms dead-letter them).
+    The transforms order a step's points by (event time, flight id) — the
+    job passes the flight's public row id as ``id_fn`` — and the steps by
+    time, so this is the global order by that key. Flights whose features or
+    label raise are left out (the transforms dead-letter them).
     """
     points = []
     for f in flights:
@@ -181,8 +182,9 @@ def ordered_points(flights):
             x, label = flight_features(f), arrived_late(f)
         except ValueError:
             continue
-        points.append((float(f["ts"]), tuple(x), label))
-    points.sort(key=lambda p: (p[0], p[1], repr(p[2])))
+        points.append((float(f["ts"]), f["id"], tuple(x), label))
+    points.sort(key=lambda p: (p[0], p[1]))
+    points = [(t, x, label) for t, _, x, label in points]
     if not points:
         return np.zeros(0), np.zeros((0, N_FEATURES)), np.zeros(0, dtype=np.int64)
     ts = np.array([p[0] for p in points])
@@ -226,7 +228,7 @@ def _build(p, config, output_dir):
     common = dict(features_fn=flight_features, label_fn=arrived_late, classes=CLASSES,
                   n_features=N_FEATURES, feature_bound=FEATURE_BOUND, lam=config.lam,
                   epsilon=config.epsilon, block_size=config.block_size, step=STEP,
-                  start=start, end=end, rng=config.seed)
+                  start=start, end=end, id_fn=lambda f: f["id"], rng=config.seed)
     continual = events | CONTINUAL_LABEL >> dpb.ContinualERM(
         base_size=config.base_blocks * config.block_size, **common)
     sliding = events | SLIDING_LABEL >> dpb.SlidingWindowERM(

@@ -1612,8 +1612,17 @@ class ContinualMean:
     ``[lower, upper]`` (per coordinate for ``dim > 1``) and rescaled to [0,1]
     (§3.1). A user's samples beyond ``max_samples_per_user`` are ignored and
     counted in :attr:`ignored` (§6 A14); samples past 2^L are accepted but never
-    released (WR-6). More than ``max_users`` users raises (§6 A15, A6-14)
-    because n enters Δ_ℓ.
+    released (WR-6).
+
+    More than ``max_users`` users: a step that brings the user count above n
+    raises ``ValueError`` before it consumes anything (the stream is left as it
+    was), because n enters Δ_ℓ and the accuracy guarantee assumes at most n
+    users (§6 A15, A6-14). That is for this engine-free class only, called
+    directly. The Beam transform (:class:`dp_beam.transforms.mean.ContinualMean`)
+    feeds :class:`ContinualMeanCore` and never raises on data: it does not
+    count users, and every width and sensitivity it uses comes from the
+    declared ``max_users`` (public constants), so extra users keep the privacy
+    guarantee and only void the accuracy one.
 
     Example (``ZeroNoise``: exact, not private):
 
@@ -1650,12 +1659,15 @@ class ContinualMean:
 
     def step(self, samples=()):
         p = self.params
+        samples = list(samples)
+        new_users = {user for user, _ in samples if user not in self.users}
+        if len(self.users) + len(new_users) > p.n:
+            raise ValueError(f"more than max_users={p.n} distinct users "
+                             "(the step was not consumed)")
         agg = MeanAggregate()
         for user, value in samples:
             state = self.users.get(user)
             if state is None:
-                if len(self.users) >= p.n:
-                    raise ValueError(f"more than max_users={p.n} distinct users")
                 state = self.users[user] = UserState(uhash=user_hash(user))
             if state.count >= p.m:
                 self.ignored += 1

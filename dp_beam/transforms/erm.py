@@ -25,12 +25,56 @@ Time in the mechanisms is the point count (§0), so block boundaries are
 count-triggered. That is private for *replace-one-event* neighbours, the
 relation of seed 004 (§0); under add/remove the release times would reveal the
 count (§3 "Counts as time"), which is why the ledger states the replace
-relation. Points of one step are ordered by (event time, features, label), a
-deterministic order, so a re-run reproduces the blocks.
+relation.
+
+Order within a step (which point goes to which block): points are sorted by
+event time, and points with the same event time by a key that never depends
+on their content. Had ties been broken by content (features, label), replacing
+one point of a tie group could move it to the group's other end and shift
+every later point across block boundaries, changing almost every later model
+(tests/privacy/test_erm_ties.py: with 120 blocks of 4 tied points that order
+changed the training data of all 119 ContinualERM models, the order below only
+of the 2 trained on the replaced point; with one model per block at ε = 1 the
+privacy loss at the outputs was 12.4, against 0.1). So:
+
+* with ``id_fn``, ties are broken by ``(event time, id)``, the id being a
+  public, immutable event id (an int, a finite float, a str, bytes or a tuple
+  of these; anything else goes to ``.invalid``). A replacement keeps its
+  event's timestamp, key and id, so every point keeps its position (events
+  with equal ids are ordered by the tie-breaker below).
+* without ``id_fn``, each point gets a 64-bit tie-breaker that is a keyed
+  pseudo-random function (BLAKE2b under the transform's secret
+  ``noise_key``) of (stream, event time, content, occurrence), where the
+  occurrence numbers identical points of one step 0, 1, 2, ...; points are
+  sorted by ``(event time, tie-breaker)``. To anyone without the key the
+  tie-breakers of distinct inputs are independent uniform draws (identical
+  points get distinct inputs through their occurrence, and their mutual
+  order changes nothing), so the argument below is that of a random draw
+  per point, independent of its content. The relation is
+  replace-one *keeping timestamp and key*, so the tie-breakers of the two neighbours can be
+  coupled (the same draw for every event): given the draws, both inputs
+  reach the stream in the same order and differ in exactly one position,
+  the replace-one neighbours the streams of :mod:`dp_beam.mechanisms.erm`
+  are private for; the position of the replaced point is identically
+  distributed under both, so mixing over the draws keeps ε. (Two equal
+  64-bit draws in one step, probability below k²/2^65 for k tied points,
+  keep the aggregate's order, which comes from the runner, not from content.)
+
+The tie-breaker is computed in the release stage from the key and the step's
+points, so it is replay-stable like the noise: a retried firing, a replay or
+a re-run with the same ``noise_key`` on the same data orders the ties, and
+hence releases the models, exactly as before.
+
+Test modes (``rng`` an int seed or a ``NoiseSource``) need reproducible runs,
+so there the tie-breaker is a hash of (seed, event time, features, class):
+content-dependent, but only where the noise is not private anyway. Tests of
+the production order inject tie-breakers or pass ``id_fn``.
 """
 
 import datetime
+import hashlib
 import math
+import numbers
 from typing import Any, Tuple
 
 import apache_beam as beam
@@ -44,30 +88,90 @@ from dp_beam.records import LedgerEntry
 from dp_beam.records_erm import ModelRecord
 from dp_beam.transforms.continual import _StepOf
 from dp_beam.transforms.events import INVALID, NAMESPACE, ValidatingDoFn, as_real
-from dp_beam.transforms.release import ReleaseSpec
+from dp_beam.transforms.release import ReleaseSpec, key_label
 from dp_beam.transforms.streams import (private_keys, release_streams, set_release_options,
                                         validation)
 
 NEIGHBOURS = "replace one event (the event count per stream is public: blocks are count-triggered)"
 
 
+#: Deepest nesting of tuples accepted in an event id.
+_MAX_ID_DEPTH = 8
+
+
+def _id_key(value, depth=0):
+    """``(key, None)``: an event id as a key that orders against every other valid id; or
+    ``(None, reason)``.
+
+    Accepted ids: ints, finite floats (compared as numbers), ``str``, ``bytes``
+    and (lists or) tuples of these; each kind gets a rank, so ids of different
+    kinds compare too and sorting never raises.
+    """
+    if value is None:
+        return None, "id_fn returned None"
+    if isinstance(value, numbers.Integral):
+        return (0, int(value)), None
+    if isinstance(value, numbers.Real):
+        v = float(value)
+        if not math.isfinite(v):
+            return None, f"id_fn returned a non-finite number {v!r}"
+        return (0, v), None
+    if isinstance(value, str):
+        return (1, str(value)), None
+    if isinstance(value, bytes):
+        return (2, bytes(value)), None
+    if isinstance(value, (tuple, list)) and depth < _MAX_ID_DEPTH:
+        parts = []
+        for part in value:
+            k, err = _id_key(part, depth + 1)
+            if err:
+                return None, err
+            parts.append(k)
+        return (3, tuple(parts)), None
+    return None, (f"id_fn returned {type(value).__name__}: an event id must be an int, a finite "
+                  "float, a str, bytes or a tuple of these")
+
+
+def _test_tiebreak(seed, ts, features, class_index):
+    """Test modes only (``rng`` an int seed or a ``NoiseSource``): a reproducible 64-bit
+    tie-breaker, a hash of (seed, point). It depends on the point's content; production
+    (``rng=None``) draws it at random instead (see :class:`_PreparePoints`)."""
+    text = repr(("dp_beam.erm.tiebreak", seed, ts, features, class_index)).encode()
+    return int.from_bytes(hashlib.sha256(text).digest()[:8], "big")
+
+
 @beam.typehints.with_output_types(Tuple[Any, Any])
 class _PreparePoints(ValidatingDoFn):
-    """Extracts ``(key, (ts, features, label))``; clips features; routes bad elements to ``invalid``.
+    """Extracts ``(key, (ts, (id, tiebreak), features, label))``; clips features; routes bad
+    elements to ``invalid``.
 
     Features must be a sequence of ``n_features`` finite reals and the label
-    one of the declared classes. Feature vectors longer than ``feature_bound``
-    are scaled down to it (contribution bounding, spec §5.5) and counted in
-    the ``clipped`` metric. Nothing raises.
+    one of the declared classes (it is replaced by the declared instance).
+    Feature vectors longer than ``feature_bound`` are scaled down to it
+    (contribution bounding, spec §5.5) and counted in the ``clipped`` metric.
+    With ``id_fn`` the event's id must be valid for :func:`_id_key`; without
+    it the id part is ``()``. Nothing raises.
+
+    The tie-breaker fixes the position of the point among the points of its
+    step with the same event time (the release sorts by ``(ts, id,
+    tiebreak)``). In production (``seed`` is None) it is left ``None`` here
+    and set by the release from the secret noise key
+    (:meth:`ERMReleaseSpec.ordered`). In test modes (``reproducible``) it is
+    :func:`_test_tiebreak`.
     """
 
     def __init__(self, transform, features_fn, label_fn, n_features, classes, feature_bound,
-                 key_fn=None, timestamp_fn=None, schedule=None, keys=None):
+                 key_fn=None, timestamp_fn=None, schedule=None, keys=None, id_fn=None,
+                 reproducible=False, seed=None):
         super().__init__(transform, key_fn, timestamp_fn, schedule, keys)
         self._features_fn, self._label_fn = features_fn, label_fn
+        self._id_fn = id_fn
         self._d = n_features
         self._classes = tuple(classes)
+        self._class_index = {c: i for i, c in enumerate(self._classes)}
         self._bound = feature_bound
+        self._reproducible = reproducible
+        self._seed = seed
         self._clipped = Metrics.counter(NAMESPACE, f"{transform}.clipped")
 
     def process(self, element, timestamp=beam.DoFn.TimestampParam, declared=None):
@@ -75,6 +179,14 @@ class _PreparePoints(ValidatingDoFn):
         if err:
             yield self._reject(element, err)
             return
+        event_id = ()
+        if self._id_fn is not None:
+            raw_id, err = self._call("id_fn", self._id_fn, element)
+            if not err:
+                event_id, err = _id_key(raw_id)
+            if err:
+                yield self._reject(element, err)
+                return
         raw, err = self._call("features_fn", self._features_fn, element)
         if err:
             yield self._reject(element, err)
@@ -99,17 +211,27 @@ class _PreparePoints(ValidatingDoFn):
             yield self._reject(element, err)
             return
         try:
-            known = label in self._classes
+            index = self._class_index.get(label)
         except TypeError:
-            known = False
-        if not known:
+            # Unhashable: the release could not look it up (an array label equal to a class).
+            index = None
+        if index is None:
             yield self._reject(element, f"label {label!r} is not one of classes {self._classes!r}")
             return
-        norm = math.sqrt(sum(x * x for x in features))
+        label = self._classes[index]
+        # hypot does not overflow where the sum of squares would (a huge vector
+        # would otherwise be scaled to zero instead of to the bound).
+        norm = math.hypot(*features)
         if norm > self._bound:
             self._clipped.inc()
+            if math.isinf(norm):
+                top = max(abs(x) for x in features)
+                features = [x / top for x in features]
+                norm = math.hypot(*features)
             features = [x * (self._bound / norm) for x in features]
-        yield beam.window.TimestampedValue((key, (ts, tuple(features), label)), ts)
+        features = tuple(features)
+        tiebreak = _test_tiebreak(self._seed, ts, features, index) if self._reproducible else None
+        yield beam.window.TimestampedValue((key, (ts, (event_id, tiebreak), features, label)), ts)
 
 
 class _CollectPoints(beam.CombineFn):
@@ -133,8 +255,12 @@ class _CollectPoints(beam.CombineFn):
 
 
 def _order_key(point):
-    ts, features, label = point
-    return (ts, features, repr(label))
+    """The release order of a step's points: ``(event time, (id, tiebreak))``, never their content.
+
+    ``id`` is ``()`` without ``id_fn``; see :class:`_PreparePoints` for the
+    tie-breaker and the module docstring for why this order is private.
+    """
+    return point[0], point[1]
 
 
 def _listify(value):
@@ -147,13 +273,39 @@ class ERMReleaseSpec(ReleaseSpec):
     #: Complete blocks go to the per-key log (spec §3), not the rewritten state.
     uses_log = True
 
-    def __init__(self, transform, step_seconds, stream_cls, stream_args, ledger_template):
+    def __init__(self, transform, step_seconds, stream_cls, stream_args, ledger_template,
+                 noise_key=None):
         self.transform = transform
         self.step_seconds = step_seconds
         self.horizon = None
         self._cls = stream_cls
         self._args = stream_args
         self._ledger = ledger_template
+        self._noise_key = noise_key
+        self._class_index = {c: i for i, c in enumerate(stream_args.get("classes") or ())}
+
+    def ordered(self, key, aggregate):
+        """A step's points in release order: ``(ts, id, tiebreak)``, never their content.
+
+        Production tie-breakers (``None`` from the first stage) are the keyed
+        pseudo-random function of the module docstring: identical points of
+        the step are numbered by occurrence, so every point gets its own input.
+        """
+        points = list(aggregate)
+        if points and any(p[1][1] is None for p in points):
+            seen = {}
+            keyed = []
+            for ts, (event_id, tiebreak), features, label in points:
+                if tiebreak is None:
+                    content = (ts, tuple(features), self._class_index.get(label, -1))
+                    occurrence = seen.get(content, 0)
+                    seen[content] = occurrence + 1
+                    tiebreak = self._noise_key.stream(
+                        "erm.tiebreak", self.transform, key_label(key), *content,
+                        occurrence).randbits(64)
+                keyed.append((ts, (event_id, tiebreak), features, label))
+            points = keyed
+        return sorted(points, key=_order_key)
 
     def zero(self):
         return []
@@ -172,8 +324,8 @@ class ERMReleaseSpec(ReleaseSpec):
 
     def release(self, mechanism, key, step, aggregate):
         bs = mechanism.block_size
-        for point in sorted(aggregate, key=_order_key):
-            _, features, label = point
+        for point in self.ordered(key, aggregate):
+            _, _, features, label = point
             for rel in mechanism.push(features, label):
                 yield ModelRecord(
                     key=key, step=step, window_start=step * self.step_seconds,
@@ -197,20 +349,21 @@ class _ERMTransform(beam.PTransform):
 
     def __init__(self, features_fn, label_fn, classes, n_features, feature_bound, lam, epsilon,
                  block_size, step, *, start=None, end=None, key_fn=None, keys=None,
-                 timestamp_fn=None, fit_intercept=True,
+                 timestamp_fn=None, id_fn=None, fit_intercept=True,
                  noise="l2_laplace", delta=None, allowed_lateness=datetime.timedelta(days=1),
-                 late="defer", rng=None, label=None, **stream_kwargs):
+                 late="defer", rng=None, noise_key=None, label=None, **stream_kwargs):
         super().__init__(label)
         for name, fn in (("features_fn", features_fn), ("label_fn", label_fn)):
             if not callable(fn):
                 raise ValueError(f"{name} must be callable, got {fn!r}")
-        for name, fn in (("key_fn", key_fn), ("timestamp_fn", timestamp_fn)):
+        for name, fn in (("key_fn", key_fn), ("timestamp_fn", timestamp_fn), ("id_fn", id_fn)):
             if fn is not None and not callable(fn):
                 raise ValueError(f"{name} must be callable, got {fn!r}")
         self._features_fn, self._label_fn = features_fn, label_fn
+        self._id_fn = id_fn
         self._key_fn, self._timestamp_fn = key_fn, timestamp_fn
         set_release_options(self, step, allowed_lateness, late, rng, start=start, end=end,
-                            key_fn=key_fn, keys=keys)
+                            key_fn=key_fn, keys=keys, noise_key=noise_key)
         if private_keys(self) is not None:
             raise ValueError(
                 "keys=PrivateKeys(...) is not available for ERM streams: their neighbours replace "
@@ -241,7 +394,9 @@ class _ERMTransform(beam.PTransform):
             rho=float(self._cost["rho"]), mechanism=probe.name,
             scope="key" if self._key_fn is not None else "stream", key=None,
             sensitivity=2.0 * probe.loss.lipschitz / probe.lam, noise=probe.noise,
-            calibration="zcdp" if probe.noise == "gaussian" else "")
+            calibration="zcdp" if probe.noise == "gaussian" else "",
+            # Count-triggered blocks: private for replacing one event only (the count is public).
+            relation="replace")
 
     def expand(self, events):
         label = self.label
@@ -249,7 +404,9 @@ class _ERMTransform(beam.PTransform):
         schedule, declared, side = validation(self)
         prepared = events | "Validate" >> beam.ParDo(_PreparePoints(
             label, self._features_fn, self._label_fn, probe.loss.n_features, probe.loss.classes,
-            probe.loss.feature_bound, self._key_fn, self._timestamp_fn, schedule, declared),
+            probe.loss.feature_bound, self._key_fn, self._timestamp_fn, schedule, declared,
+            id_fn=self._id_fn, reproducible=self._seed is not None,
+            seed=self._seed if isinstance(self._seed, int) else None),
             **side).with_outputs(INVALID, main="valid")
         invalids = [prepared[INVALID]]
         aggregates = (prepared.valid
@@ -260,7 +417,8 @@ class _ERMTransform(beam.PTransform):
                       | "StepIndex" >> beam.ParDo(_StepOf(self._step_micros))
                       | "Rewindow" >> beam.WindowInto(GlobalWindows()))
         entry = self.plan_entry(label)
-        spec = ERMReleaseSpec(label, self._step, self._stream_cls, self._args, entry)
+        spec = ERMReleaseSpec(label, self._step, self._stream_cls, self._args, entry,
+                              self._noise_key)
         return release_streams(self, events, aggregates, spec, entry, invalids)
 
 
@@ -287,11 +445,20 @@ _COMMON_ARGS = """
         other keys go to ``.invalid``. Private key selection is not offered:
         it is stated for add/remove neighbours, these streams for replace-one.
       timestamp_fn: optional element → event time in epoch seconds.
+      id_fn: optional element → a public, immutable event id (an int, a
+        finite float, a str, bytes or a tuple of these; other values go to
+        ``.invalid``) that orders events with the same event time. Without
+        it such ties are broken at random, independently of the events'
+        content (see the module docstring: either way a point's position in
+        the stream does not depend on its content).
       fit_intercept: append a constant feature (regularised like the weights).
       noise: ``"l2_laplace"`` (default, pure ε), ``"coord_laplace_l1"`` (pure
         ε) or ``"gaussian"`` (needs ``delta``; ρ-zCDP).
       allowed_lateness, late: as ``ContinualCount``.
-      rng: ``None`` (secure noise); tests only: an int seed or a ``NoiseSource``.
+      noise_key: the secret key of every noise draw, as ``ContinualCount``.
+      rng: ``None`` (production noise from ``noise_key``); tests only: an int seed or a ``NoiseSource``
+        (then ties without ``id_fn`` are broken by a hash of the seed and the
+        point, so runs repeat; not private, like the test noise).
 """
 
 

@@ -275,6 +275,50 @@ def test_cap_m_ignores_and_counts_and_too_many_users_raises():
         cm.step([("c", 0.5)])
 
 
+def test_too_many_users_raise_before_the_step_consumes_anything():
+    cm = ContinualMean(0, 1, 4, 1.0, max_users=2, neighbours="values", rng=ZeroNoise())
+    cm.step([("a", 0.2)])
+    with pytest.raises(ValueError, match="max_users=2.*not consumed"):
+        cm.step(iter([("a", 0.4), ("b", 0.6), ("c", 0.8)]))
+    # Nothing of the refused step was taken: "a" still has one sample, t did not move.
+    assert set(cm.users) == {"a"} and cm.users["a"].count == 1 and cm.core.t == 1
+    assert cm.step([("a", 0.4), ("b", 0.6)]).t == 2
+
+
+@pytest.mark.parametrize("preset,neighbours", [("tuned", "values"), ("tuned", "participation"),
+                                               ("paper", "values"), ("paper", "participation")])
+def test_the_beam_transform_with_more_users_than_max_users_releases_every_step(preset, neighbours):
+    # The engine-free class refuses user max_users + 1; the transform must not crash
+    # on it (a crashed job is an observable, data-dependent outcome). It does not
+    # count users: its widths come from the declared max_users, so it releases every
+    # step of the schedule, with no event dead-lettered for the extra users.
+    import apache_beam as beam
+
+    import dp_beam as dpb
+    from tests.beam_util import batch_options, collect
+
+    users, m, step = 40, 8, 10.0
+    rnd = random.Random(7)
+    events = [{"user": f"u{u}", "ts": i * step + 1 + u % 7, "v": rnd.random()}
+              for u in range(users) for i in range(m)]
+    transform = dpb.ContinualMean(
+        user_fn=lambda e: e["user"], value_fn=lambda e: e["v"], lower=0.0, upper=1.0,
+        max_samples_per_user=m, epsilon=1.0, step=step, max_users=4, neighbours=neighbours,
+        preset=preset, start=0.0, end=m * step, timestamp_fn=lambda e: e["ts"], rng=3)
+
+    def build(p):
+        res = p | beam.Create(events) | transform
+        return {"releases": res.releases, "invalid": res.invalid, "accounting": res.accounting}
+    out = collect(batch_options(), build)
+    assert sorted(r.step for r in out["releases"]) == list(range(m))
+    assert all(np.all(np.isfinite(r.value)) for r in out["releases"])
+    assert out["invalid"] == [] and len(out["accounting"]) == 1
+    engine_free = ContinualMean(0.0, 1.0, m, 1.0, max_users=4, neighbours=neighbours, preset=preset,
+                                rng=SeededNoise(3))
+    with pytest.raises(ValueError, match="max_users"):
+        engine_free.step([(f"u{u}", 0.5) for u in range(users)])
+
+
 def test_variance_of_estimate_matches_tree_noise():
     # A6-10: data fixed, no truncation (Δ_ℓ >= 2^{ℓ−1}), so the only randomness
     # in μ̂_t is the tree noise: E = exact mean and Var = Σ popcount·2η²/N².

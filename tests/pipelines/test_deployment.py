@@ -66,10 +66,8 @@ def beam_unknown(beam_args, extra_args_fn=None):
 
 SAMPLES = {"GCS_WRITE_FOLDER": "gs://bucket/dp-beam/run-1", "NUMBER": "3", "TEXT": "x"}
 NOT_TEMPLATE_PARAMETERS = {"truth", "runner", "seed", "no_wait"}  # local/test-only options
-# The public schedule options: the template runs on the bundled 2013 data, so
-# their defaults (the data set's period, or the --days period) are the ones it
-# needs; metadata.json does not offer them (yet).
-SCHEDULE_OPTIONS = {"start", "end"}
+# Parameters whose sample must be a value of their own kind.
+NAMED_SAMPLES = {"start": "2013-01-01T00:00:00-05:00", "end": "2013-01-02T00:00:00-05:00"}
 
 
 def test_flex_template_metadata_matches_the_job_options():
@@ -84,7 +82,7 @@ def test_flex_template_metadata_matches_the_job_options():
     for p in params:
         assert p["name"] in dests, f"{p['name']} is not an option of the job"
         assert p["label"] and p["helpText"] and p["paramType"] in SAMPLES
-        sample = SAMPLES[p["paramType"]]
+        sample = NAMED_SAMPLES.get(p["name"], SAMPLES[p["paramType"]])
         for rx in p.get("regexes", []):
             assert re.match(rx, sample), (p["name"], rx, sample)
         args, beam_args = job.parse_args([f"--{p['name']}={sample}"] + (
@@ -97,7 +95,7 @@ def test_flex_template_metadata_matches_the_job_options():
     # Every required option is a parameter; the rest are deliberately left out.
     required = {d for d, a in dests.items() if a.required}
     assert required <= set(names)
-    assert set(dests) - set(names) - {"help"} - SCHEDULE_OPTIONS == NOT_TEMPLATE_PARAMETERS
+    assert set(dests) - set(names) - {"help"} == NOT_TEMPLATE_PARAMETERS
     # The regexes reject what the job would reject.
     output = next(p for p in params if p["name"] == "output")
     assert not any(re.match(rx, "/local/path") for rx in output["regexes"])

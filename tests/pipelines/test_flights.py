@@ -68,7 +68,9 @@ def test_delay_flights_are_sorted_and_keep_missing_values_as_none():
 
     flights = load_delay_flights()
     assert len(flights) == 336_776
-    assert set(flights[0]) == {"ts", "carrier", "origin", *DELAY_NUMERIC}
+    assert set(flights[0]) == {"ts", "id", "carrier", "origin", *DELAY_NUMERIC}
+    # The id is the row in the published file: unique, and the public tie order.
+    assert sorted(f["id"] for f in flights) == list(range(336_776))
     ts = [f["ts"] for f in flights]
     assert ts == sorted(ts)
     # Cancelled and diverted flights: no arrival delay and no air time.
