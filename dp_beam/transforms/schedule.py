@@ -133,30 +133,25 @@ def resolve_schedule(step_seconds: float, start: Any, end: Any = None,
     return Schedule(step_micros, start_step, end_step)
 
 
-class StreamStart:
+class _Marker:
+    """An aggregate that carries no data, only its kind (equal to every marker of its class)."""
+
+    def __eq__(self, other):
+        return type(other) is type(self)
+
+    def __hash__(self):
+        return hash(type(self).__name__)
+
+    def __repr__(self):
+        return f"{type(self).__name__}()"
+
+
+class StreamStart(_Marker):
     """Marker aggregate: the stream of this key opens at this element's step (a public event)."""
 
-    def __eq__(self, other):
-        return type(other) is StreamStart
 
-    def __hash__(self):
-        return 1
-
-    def __repr__(self):
-        return "StreamStart()"
-
-
-class NotAdmitted:
+class NotAdmitted(_Marker):
     """Marker aggregate: private key selection ended without admitting this key (internal only)."""
-
-    def __eq__(self, other):
-        return type(other) is NotAdmitted
-
-    def __hash__(self):
-        return 2
-
-    def __repr__(self):
-        return "NotAdmitted()"
 
 
 class DeclaredKeys(NamedTuple):
