@@ -21,15 +21,15 @@ import apache_beam as beam
 from apache_beam.transforms.window import FixedWindows, GlobalWindows
 from apache_beam.utils.timestamp import Duration
 
-from dp_beam.mechanisms import NoiseSource, ZeroNoise
+from dp_beam.mechanisms import ZeroNoise
 from dp_beam.mechanisms.postprocess import MonotoneRelease
 from dp_beam.mechanisms.registry import default_mechanism, get_mechanism
 from dp_beam.records import LedgerEntry, Release
 from dp_beam.transforms.events import INVALID, BoundContributions, PrepareEvents
 from dp_beam.transforms.keys import UNITS, EventUnits
 from dp_beam.transforms.release import ReleaseSpec
-from dp_beam.transforms.streams import (private_keys, release_streams, seconds,
-                                        set_release_options, validation)
+from dp_beam.transforms.streams import (private_keys, release_streams, set_release_options,
+                                        validation)
 
 
 

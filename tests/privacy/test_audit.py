@@ -85,6 +85,7 @@ from dp_beam.transforms.release import OrderedReleaseDoFn
 from dp_beam.transforms.schedule import StreamStart
 
 from tests.privacy import audit
+from tests.privacy.fake_state import Bag, Cell, Timer
 
 EPSILON = 1.0
 DELTA = 1e-5
@@ -647,39 +648,6 @@ def test_key_selection_admission():
 # -- 5. transforms' release paths (OrderedReleaseDoFn, no runner) ----------------------------------
 
 
-class _Cell:
-    def __init__(self):
-        self.value = None
-
-    def read(self):
-        return self.value
-
-    def write(self, value):
-        self.value = value
-
-    def clear(self):
-        self.value = None
-
-
-class _Bag:
-    def __init__(self):
-        self.items = []
-
-    def read(self):
-        return list(self.items)
-
-    def add(self, item):
-        self.items.append(item)
-
-    def clear(self):
-        self.items = []
-
-
-class _Timer:
-    def set(self, ts):
-        self.at = ts
-
-
 class _HalvedReleaseDoFn(OrderedReleaseDoFn):
     """Planted bug: the production release DoFn with every keyed draw halved."""
 
@@ -716,7 +684,7 @@ class _TappedReleaseDoFn(OrderedReleaseDoFn):
 def _dofn_values(dofn, aggregates, steps, key="A"):
     """Runs one stream through the release DoFn as a runner would (bounded: one firing)."""
     dofn.setup()
-    buffer, mech, nxt, first, earliest, timer = _Bag(), _Cell(), _Cell(), _Cell(), _Cell(), _Timer()
+    buffer, mech, nxt, first, earliest, timer = Bag(), Cell(), Cell(), Cell(), Cell(), Timer()
     for element in [(key, (0, StreamStart()))] + [(key, (s, a)) for s, a in aggregates]:
         list(dofn._process(element, buffer, nxt, first, earliest, timer))
     fire = Timestamp(micros=int(round(dofn._spec.window_end(steps - 1) * 1e6)))

@@ -16,7 +16,6 @@ import copy
 import pickle
 
 import apache_beam as beam
-import pytest
 from apache_beam.options.pipeline_options import PipelineOptions
 from apache_beam.utils.timestamp import Timestamp
 
@@ -25,47 +24,12 @@ from dp_beam.mechanisms import SecureNoise, SeededNoise
 from dp_beam.transforms import continual
 from dp_beam.transforms.release import OrderedReleaseDoFn
 from dp_beam.transforms.schedule import StreamStart
-
-
-class _Cell:
-    def __init__(self):
-        self.value = None
-
-    def read(self):
-        return self.value
-
-    def write(self, value):
-        self.value = value
-
-    def clear(self):
-        self.value = None
-
-
-class _Bag:
-    def __init__(self):
-        self.items = []
-
-    def read(self):
-        return list(self.items)
-
-    def add(self, item):
-        self.items.append(item)
-
-    def clear(self):
-        self.items = []
-
-
-class _Timer:
-    def __init__(self):
-        self.at = None
-
-    def set(self, ts):
-        self.at = ts
+from tests.privacy.fake_state import Bag, Cell, Timer
 
 
 def _state():
-    return {"buffer": _Bag(), "mech": _Cell(), "next": _Cell(), "first": _Cell(),
-            "earliest": _Cell(), "timer": _Timer()}
+    return {"buffer": Bag(), "mech": Cell(), "next": Cell(), "first": Cell(),
+            "earliest": Cell(), "timer": Timer()}
 
 
 def _dofn(**kw):
