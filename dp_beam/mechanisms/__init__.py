@@ -62,11 +62,12 @@ __all__ += [
 ]
 
 # Private key selection for continual release (counters of distinct units per key).
-from .key_selection import KeyCounter, KeySelection
+from .key_selection import KeyCounter, KeySelection, KeySparseVector
 
 __all__ += [
     "KeySelection",
     "KeyCounter",
+    "KeySparseVector",
 ]
 
 # Keyed noise: the same secret key and draw identity give the same exact,

@@ -36,11 +36,11 @@ def _threshold_step(selection, counts):
     return None
 
 
-def _count(privacy_unit="event", **kw):
+def _count(privacy_unit="event", method="sparse_vector", **kw):
     user = dict(privacy_unit="user", user_fn=lambda e: e["u"], max_contributions=5) \
         if privacy_unit == "user" else {}
     return dpb.ContinualCount(epsilon=1.0, step=STEP, start=START, end=END,
-                              key_fn=lambda e: e["k"], keys=dpb.PrivateKeys(**SELECT),
+                              key_fn=lambda e: e["k"], keys=dpb.PrivateKeys(**SELECT, method=method),
                               timestamp_fn=lambda e: e["ts"], rng=ZeroNoise(), **user, **kw)
 
 
@@ -51,10 +51,12 @@ def _run(transform, events, options=None, stream=None):
     return collect(options or batch_options(), build)
 
 
+@pytest.mark.parametrize("method", ["sparse_vector", "counter"])
 @pytest.mark.parametrize("unit", ["event", "user"])
-def test_busy_key_is_admitted_and_its_stream_starts_with_everything_before(unit):
-    transform = _count(unit)
-    selection = dpb.PrivateKeys(**SELECT).selection(END // STEP)
+def test_busy_key_is_admitted_and_its_stream_starts_with_everything_before(unit, method):
+    transform = _count(unit, method)
+    selection = dpb.PrivateKeys(**SELECT, method=method).selection(END // STEP)
+    assert selection.method == method
     admit_t = _threshold_step(selection, [0, 10, 10, 10] + [0] * 6)
     assert admit_t is not None, "the test's parameters must let 'busy' in"
     out = _run(transform, _events())
@@ -76,6 +78,8 @@ def test_busy_key_is_admitted_and_its_stream_starts_with_everything_before(unit)
         ("ContinualCount", "busy", "key"), ("ContinualCount/keys", None, "stream")]
     assert ledger[1].unit == unit
     assert ledger[1].epsilon == SELECT["epsilon"] and ledger[1].delta == SELECT["delta"]
+    assert ledger[1].mechanism == {"sparse_vector": "key_selection+sparse_vector(laplace)",
+                                   "counter": "key_selection+tree(laplace)"}[method]
 
 
 def test_plan_shows_the_selection_and_the_statistic():
@@ -133,6 +137,14 @@ def test_private_keys_validation():
         dpb.PrivateKeys(epsilon=1, delta=0)
     with pytest.raises(ValueError, match="max_keys_per_unit"):
         dpb.PrivateKeys(epsilon=1, delta=1e-6, max_keys_per_unit=0)
+    with pytest.raises(ValueError, match="method"):
+        dpb.PrivateKeys(epsilon=1, delta=1e-6, method="tree")
+    # The default method is the sparse vector, Laplace only; Gaussian noise needs the counter.
+    assert dpb.PrivateKeys(epsilon=1, delta=1e-6).method == "sparse_vector"
+    with pytest.raises(ValueError, match="noise must be 'laplace' with method='sparse_vector'"):
+        dpb.PrivateKeys(epsilon=1, delta=1e-6, noise="gaussian")
+    gaussian = dpb.PrivateKeys(epsilon=1, delta=1e-6, noise="gaussian", method="counter")
+    assert gaussian.ledger_entry("c", "user", 10).mechanism == "key_selection+tree(gaussian)"
     with pytest.raises(ValueError, match="max_keys_per_unit must equal max_keys_per_user"):
         dpb.ContinualMean(user_fn=lambda e: e["u"], value_fn=lambda e: e["v"], lower=0, upper=1,
                           max_samples_per_user=2, epsilon=1.0, step=STEP, start=START, end=END,
