@@ -818,6 +818,16 @@ class KeySelection:
                 f"method={self._method!r})")
 
 
+def _parameters_state(key_test):
+    """The part of a per-key state both methods share: the selection's public parameters,
+    the mechanism's name and version, and the step counters."""
+    sel = key_test._selection
+    return {"mechanism": key_test.name, "version": key_test.STATE_VERSION,
+            "epsilon": sel.epsilon, "delta": sel.delta,
+            "max_keys_per_unit": sel.max_keys_per_unit, "noise": sel.noise,
+            "horizon": sel.horizon, "t": key_test._t, "admitted": key_test._admitted}
+
+
 class KeyCounter:
     """One candidate key's counter of distinct units; made by :class:`KeySelection`.
 
@@ -877,17 +887,8 @@ class KeyCounter:
 
     def to_state(self):
         """Plain dict (JSON- and pickle-friendly); restore with :meth:`KeySelection.restore`."""
-        sel = self._selection
         return {
-            "mechanism": self.name,
-            "version": self.STATE_VERSION,
-            "epsilon": sel.epsilon,
-            "delta": sel.delta,
-            "max_keys_per_unit": sel.max_keys_per_unit,
-            "noise": sel.noise,
-            "horizon": sel.horizon,
-            "t": self._t,
-            "admitted": self._admitted,
+            **_parameters_state(self),
             "tree": None if self._tree is None else self._tree.to_state(),
         }
 
@@ -962,17 +963,8 @@ class KeySparseVector:
 
     def to_state(self):
         """Plain dict (JSON- and pickle-friendly); restore with :meth:`KeySelection.restore`."""
-        sel = self._selection
         return {
-            "mechanism": self.name,
-            "version": self.STATE_VERSION,
-            "epsilon": sel.epsilon,
-            "delta": sel.delta,
-            "max_keys_per_unit": sel.max_keys_per_unit,
-            "noise": sel.noise,
-            "horizon": sel.horizon,
-            "t": self._t,
-            "admitted": self._admitted,
+            **_parameters_state(self),
             "count": self._count,
             "offset": self._offset,
         }
