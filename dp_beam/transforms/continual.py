@@ -83,8 +83,34 @@ class _StepOf(beam.DoFn):
         yield key, (window.start.micros // self._step_micros, aggregate)
 
 
+#: A sum's step totals are rounded to multiples of 2^e, e = ⌊log2(per-event bound)⌋ − this.
+#: With the production noise (multiples of a power of two, ``dp_beam.mechanisms.noise_key``),
+#: every node of the tree and smooth binary mechanisms, and hence every release, is then an
+#: exact float sum: its low-order bits carry nothing of the data finer than the grid
+#: (Mironov 2012). Counts are integers and need no rounding. Exact while the running total
+#: stays below 2^(53 + e) in magnitude (about 2^33 per-event bounds) and the noise grid
+#: is not finer than that.
+TOTAL_GRID_BITS = 20
+
+
+def total_grid_exponent(per_event: float):
+    """e of the grid a sum's step totals are rounded to (``None`` for a zero bound)."""
+    if per_event <= 0:
+        return None
+    return math.frexp(per_event)[1] - 1 - TOTAL_GRID_BITS
+
+
+def round_total(total: float, exponent: int) -> float:
+    """``total`` rounded to the nearest multiple of 2^exponent (ties to even), exactly.
+
+    >>> round_total(0.1, -4), round_total(1e-9, -4), round_total(3.0, -4)
+    (0.125, 0.0, 3.0)
+    """
+    return math.ldexp(float(round(math.ldexp(total, -exponent))), exponent)
+
+
 #: Step totals are clamped to ±this before they enter a mechanism.
-MAX_STEP_TOTAL = 1e300
+MAX_STEP_TOTAL = 1e308
 
 
 def _finite_total(total: float) -> float:
@@ -100,7 +126,7 @@ class CounterReleaseSpec(ReleaseSpec):
     """Feeds step totals to one continual-counting mechanism per stream."""
 
     def __init__(self, transform, step_seconds, mechanism, mechanism_args, ledger_template,
-                 monotone=False):
+                 monotone=False, grid_exponent=None):
         self.transform = transform
         self.step_seconds = step_seconds
         self.horizon = mechanism_args["horizon"]
@@ -108,6 +134,7 @@ class CounterReleaseSpec(ReleaseSpec):
         self._args = mechanism_args
         self._ledger = ledger_template
         self._monotone = monotone
+        self._grid_exponent = grid_exponent
 
     def new_mechanism(self, rng, first=None):
         mechanism = get_mechanism(self._mechanism)(rng=rng, **self._args)
@@ -120,7 +147,10 @@ class CounterReleaseSpec(ReleaseSpec):
         return get_mechanism(state["mechanism"]).from_state(state, rng=rng)
 
     def release(self, mechanism, key, step, aggregate):
-        value = mechanism.step(_finite_total(aggregate[0]))
+        total = _finite_total(aggregate[0])
+        if self._grid_exponent is not None:
+            total = round_total(total, self._grid_exponent)
+        value = mechanism.step(total)
         t = mechanism.t
         yield Release(key=key, step=step, window_start=step * self.step_seconds,
                       window_end=(step + 1) * self.step_seconds, value=float(value),
@@ -183,6 +213,11 @@ class _ContinualTotal(beam.PTransform):
 
         per_event = self._per_event_bound()
         contributions = max_contributions if privacy_unit == "user" else 1
+        # Sums are rounded to a power-of-two grid per step (see TOTAL_GRID_BITS);
+        # each step a unit touches may then move by one more grid step.
+        self._grid_exponent = total_grid_exponent(per_event) if value_fn is not None else None
+        if self._grid_exponent is not None:
+            per_event += math.ldexp(1.0, self._grid_exponent)
         self._sensitivity = per_event * contributions
         self._mechanism_args = dict(epsilon=epsilon, sensitivity=self._sensitivity,
                                     horizon=horizon, noise=noise, delta=delta,
@@ -249,7 +284,7 @@ class _ContinualTotal(beam.PTransform):
 
         entry = self.plan_entry(label)
         spec = CounterReleaseSpec(label, self._step, self._mechanism, self._mechanism_args, entry,
-                                  self._monotone)
+                                  self._monotone, self._grid_exponent)
         return release_streams(self, events, aggregates, spec, entry, invalids, units=units,
                                unit=self._unit)
 

@@ -9,6 +9,7 @@ import pytest
 
 import dp_beam as dpb
 from dp_beam.mechanisms import BinaryTreeMechanism, ZeroNoise
+from dp_beam.transforms import continual
 from tests.beam_util import batch_options, collect
 
 STEP = 10.0
@@ -157,7 +158,9 @@ def test_sum_clamps_and_routes_bad_values_to_invalid():
     assert [r.value for r in releases] == pytest.approx(
         np.cumsum([per_step.get(s, 0.0) for s in range(10)]).tolist())
     (entry,) = out["accounting"]
-    assert entry.sensitivity == 30.0  # max(|lower|, |upper|) under add/remove of an event
+    # max(|lower|, |upper|) under add/remove of an event, plus one step of the grid
+    # sums are rounded to (2^(⌊log2 30⌋ − 20)).
+    assert entry.sensitivity == 30.0 + 2.0 ** (4 - 20)
 
 
 def test_user_level_bounds_contributions_across_keys():
@@ -285,4 +288,26 @@ def test_a_step_total_that_overflows_does_not_crash_the_release():
                              step=10, start=0, end=20, timestamp_fn=lambda e: e["ts"],
                              rng=ZeroNoise())
     out = collect(batch_options(), lambda p: {"r": (p | beam.Create(events) | total).releases})
-    assert sorted((r.step, r.value) for r in out["r"]) == [(0, 1e300), (1, 1e300)]
+    # Clamped to 1e308, then rounded to the sum's grid (2^(1019 − 20) for a bound of 1e307).
+    clamped = continual.round_total(continual.MAX_STEP_TOTAL, continual.total_grid_exponent(1e307))
+    assert clamped > 0
+    assert sorted((r.step, r.value) for r in out["r"]) == [(0, clamped), (1, clamped)]
+
+
+def test_sub_grid_differences_of_a_sum_never_reach_the_release():
+    """With production noise the release is an exact float sum of grid multiples: two inputs
+    that differ by less than the grid (here 1e-9 against 2^-18) release identical floats."""
+    key = dpb.NoiseKey.from_bytes(bytes(range(32)))
+    runs = []
+    for shift in (0.0, 1e-9):
+        events = [{"ts": 1.0 + i, "v": 0.1 * i + shift} for i in range(20)]
+        total = dpb.ContinualSum(value_fn=lambda e: e["v"], lower=0, upper=4, epsilon=1.0,
+                                 step=10, start=0, end=20, timestamp_fn=lambda e: e["ts"],
+                                 noise_key=key)
+        out = collect(batch_options(), lambda p: {"r": (p | beam.Create(events) | total).releases})
+        runs.append(sorted((r.step, r.value) for r in out["r"]))
+    assert runs[0] == runs[1]
+    for _, value in runs[0]:
+        # A sum of multiples of 2^-18 (totals) and 2^-28 (noise of scale 4): a multiple of
+        # 2^-28, where a float carrying the data's own low-order bits would have ~2^-49.
+        assert math.ldexp(value, 28) == round(math.ldexp(value, 28))
