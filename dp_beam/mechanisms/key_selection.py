@@ -818,17 +818,43 @@ class KeySelection:
                 f"method={self._method!r})")
 
 
-def _parameters_state(key_test):
-    """The part of a per-key state both methods share: the selection's public parameters,
-    the mechanism's name and version, and the step counters."""
-    sel = key_test._selection
-    return {"mechanism": key_test.name, "version": key_test.STATE_VERSION,
-            "epsilon": sel.epsilon, "delta": sel.delta,
-            "max_keys_per_unit": sel.max_keys_per_unit, "noise": sel.noise,
-            "horizon": sel.horizon, "t": key_test._t, "admitted": key_test._admitted}
+class _KeyTest:
+    """What both per-key methods share: the selection, the step counter, the admission step,
+    the checks before a step and the parameter part of the state."""
+
+    @property
+    def selection(self):
+        return self._selection
+
+    @property
+    def t(self):
+        """Steps consumed, counted from the public start (those before the key opened included)."""
+        return self._t
+
+    @property
+    def admitted(self):
+        """Step index t at which the key was admitted, or None."""
+        return self._admitted
+
+    def _check_step(self, new_units):
+        """``new_units`` validated for the next step; raises before anything changes."""
+        if self._admitted is not None:
+            raise ValueError(f"key already admitted at t={self._admitted}; its test has stopped")
+        new_units = _check_int("new_units", new_units, 0)
+        horizon = self._selection.horizon
+        if horizon is not None and self._t + 1 > horizon:
+            raise ValueError(f"horizon exceeded: horizon is {horizon}, step {self._t + 1} requested")
+        return new_units
+
+    def _parameters_state(self):
+        sel = self._selection
+        return {"mechanism": self.name, "version": self.STATE_VERSION,
+                "epsilon": sel.epsilon, "delta": sel.delta,
+                "max_keys_per_unit": sel.max_keys_per_unit, "noise": sel.noise,
+                "horizon": sel.horizon, "t": self._t, "admitted": self._admitted}
 
 
-class KeyCounter:
+class KeyCounter(_KeyTest):
     """One candidate key's counter of distinct units; made by :class:`KeySelection`.
 
     :meth:`step` consumes one step's number of *new* distinct units and says
@@ -849,20 +875,6 @@ class KeyCounter:
         self._t = tree.t if tree is not None else t
         self._admitted = admitted
 
-    @property
-    def selection(self):
-        return self._selection
-
-    @property
-    def t(self):
-        """Steps consumed, counted from the public start (skipped ones included)."""
-        return self._t
-
-    @property
-    def admitted(self):
-        """Step index t at which the key was admitted, or None."""
-        return self._admitted
-
     def step(self, new_units):
         """Consume one step: ``new_units`` (an int >= 0) units contributed to the key for the first time.
 
@@ -870,12 +882,7 @@ class KeyCounter:
         ``threshold(t)``). Raises ``ValueError`` after admission, past the
         horizon, or for a bad count (the state is then unchanged).
         """
-        if self._admitted is not None:
-            raise ValueError(f"key already admitted at t={self._admitted}; its counter has stopped")
-        new_units = _check_int("new_units", new_units, 0)
-        horizon = self._selection.horizon
-        if horizon is not None and self._t + 1 > horizon:
-            raise ValueError(f"horizon exceeded: horizon is {horizon}, step {self._t + 1} requested")
+        new_units = self._check_step(new_units)
         noisy = self._tree.step(float(new_units))
         self._t = self._tree.t
         if noisy >= self._selection.threshold(self._t):
@@ -888,7 +895,7 @@ class KeyCounter:
     def to_state(self):
         """Plain dict (JSON- and pickle-friendly); restore with :meth:`KeySelection.restore`."""
         return {
-            **_parameters_state(self),
+            **self._parameters_state(),
             "tree": None if self._tree is None else self._tree.to_state(),
         }
 
@@ -896,7 +903,7 @@ class KeyCounter:
         return f"KeyCounter(t={self._t}, admitted={self._admitted!r}, selection={self._selection!r})"
 
 
-class KeySparseVector:
+class KeySparseVector(_KeyTest):
     """One candidate key's AboveThreshold; made by :class:`KeySelection` (``method="sparse_vector"``).
 
     Holds the key's threshold offset ρ (drawn when the key's selection
@@ -920,22 +927,8 @@ class KeySparseVector:
         self._admitted = admitted
 
     @property
-    def selection(self):
-        return self._selection
-
-    @property
     def noise_source(self):
         return self._source
-
-    @property
-    def t(self):
-        """Steps consumed, counted from the public start (the untested ones before opening included)."""
-        return self._t
-
-    @property
-    def admitted(self):
-        """Step index t at which the key was admitted, or None."""
-        return self._admitted
 
     def step(self, new_units):
         """Consume one step: ``new_units`` (an int >= 0) units contributed to the key for the first time.
@@ -944,13 +937,8 @@ class KeySparseVector:
         ``Lap(b_ν)`` from the source. Raises ``ValueError`` after admission,
         past the horizon, or for a bad count (the state is then unchanged).
         """
-        if self._admitted is not None:
-            raise ValueError(f"key already admitted at t={self._admitted}; its selection has stopped")
-        new_units = _check_int("new_units", new_units, 0)
+        new_units = self._check_step(new_units)
         sel = self._selection
-        horizon = sel.horizon
-        if horizon is not None and self._t + 1 > horizon:
-            raise ValueError(f"horizon exceeded: horizon is {horizon}, step {self._t + 1} requested")
         nu = float(self._source.laplace(sel.step_scale, 1)[0])
         self._t += 1
         self._count += new_units
@@ -964,7 +952,7 @@ class KeySparseVector:
     def to_state(self):
         """Plain dict (JSON- and pickle-friendly); restore with :meth:`KeySelection.restore`."""
         return {
-            **_parameters_state(self),
+            **self._parameters_state(),
             "count": self._count,
             "offset": self._offset,
         }
