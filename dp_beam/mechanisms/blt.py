@@ -24,7 +24,7 @@ import warnings
 import numpy as np
 from scipy import optimize
 
-from .factorisation import FactorisationMechanism, toeplitz_participation_norm
+from .factorisation import FactorisationMechanism, dyadic, from_units, round_div_pow2, to_units, toeplitz_participation_norm
 
 __all__ = ["BLTMechanism", "blt_errors", "optimise_blt", "blt_parameters"]
 
@@ -166,6 +166,17 @@ class _Plan:
         self.closed = _Closed(self.theta, self.omega)
         self.l2 = math.sqrt(self.closed.c_sq(horizon))
         self.l1 = None
+        # The right factor C in integer arithmetic (EXACT = "right_factor"):
+        # θ and ω as exact dyadic rationals, and the bound on the rounding of
+        # the integer buffers: buffer i carries an error e with
+        # |e| <= 1/(2(1 − θ_i)) (each step adds at most 1/2 and shrinks the
+        # old error by θ_i), so (C x)_t is off by at most
+        # 1/2 + Σ |ω_i|/(2(1 − θ_i)) units.
+        if not all(0.0 < th < 1.0 for th in self.theta):
+            raise ValueError(f"theta must lie in (0, 1) for a stable BLT, got {tuple(self.theta)}")
+        self.theta_num, self.theta_bits = dyadic(self.theta)
+        self.omega_num, self.omega_bits = dyadic(self.omega)
+        self.err_units = 0.5 + float(np.sum(np.abs(self.omega) / (2.0 * (1.0 - self.theta))))
 
     def column(self):
         i = np.arange(1, self.horizon)
@@ -194,9 +205,20 @@ class BLTMechanism(FactorisationMechanism):
     approximates the coefficients of ``(1−x)^{−1/2}``), so Laplace calibration
     would cost a factor ~``√T/log T`` over the tree.
 
-    State: d buffers and the running noisy sum, ``(d + 1)·dim`` floats (at
-    most ``6·dim``), independent of T. The running sum includes the exact
-    data and must be stored like it. Per step: one noise vector, O(d·dim).
+    Exact computation (the reason for ``EXACT = "right_factor"``): the noised
+    vector ``C x + z`` is computed in integers, in units of a public power of
+    two far below the noise (``FactorisationMechanism._exact_exponent``), with
+    z the exact discrete Gaussian of the keyed source, so the accountant's
+    Gaussian mechanism is exactly what runs; ``C⁻¹`` and the running sum are
+    its post-processing, done in floats. Adding float noise to the exact sum
+    instead would let the low-order bits of the release depend on the data.
+    The integer rounding costs a relative ``2^-20`` of sensitivity.
+
+    State: d integer buffers of the data side, d float buffers of the
+    post-processing and the running release, ``(2d + 1)·dim`` numbers (at
+    most ``11·dim``), independent of T. The integer buffers are exact
+    weighted sums of the data and must be stored like it. Per step: one
+    noise vector, O(d·dim).
 
     Unbounded streams: epochs of ``2^k`` steps as in tree.py's U2, each with
     the tabulated parameters of the smallest table horizon >= ``max(2^k,
@@ -216,8 +238,9 @@ class BLTMechanism(FactorisationMechanism):
     """
 
     name = "blt"
-    STATE_VERSION = 1
+    STATE_VERSION = 2
     LAPLACE = False
+    EXACT = "right_factor"
 
     @classmethod
     def _laplace_refusal(cls):
@@ -239,29 +262,58 @@ class BLTMechanism(FactorisationMechanism):
         return plan.closed.b_sq(t)
 
     def _core_new(self, plan):
-        return {"buffers": np.zeros((plan.buffers, self._dim)), "total": np.zeros(self._dim)}
+        return {
+            "right": [[0] * self._dim for _ in range(plan.buffers)],
+            "buffers": np.zeros((plan.buffers, self._dim)),
+            "total": np.zeros(self._dim),
+        }
 
     def _core_step(self, plan, core, x, scale):
-        z = self._draw(scale, 1)[0]
+        # The noised vector y = C x + z, in integer units of 2^e (see
+        # FactorisationMechanism._exact_exponent): (C x)_t = x_t + ω·b_{t−1}
+        # with b_t = θ b_{t−1} + x_t, each product rounded to a unit.
+        exponent = self._exact_exponent(plan)
+        units = to_units(x, exponent)
+        noise = self._integer_noise(scale, exponent)
+        right = core["right"]
+        noised = []
+        for j in range(self._dim):
+            acc = sum(w * buf[j] for w, buf in zip(plan.omega_num, right))
+            noised.append(units[j] + round_div_pow2(acc, plan.omega_bits) + noise[j])
+            for th, buf in zip(plan.theta_num, right):
+                buf[j] = round_div_pow2(th * buf[j], plan.theta_bits) + units[j]
+        # Post-processing of y: u = C⁻¹ y (u_t = y_t − ω·b'_{t−1}, b'_t = θ b'_{t−1} + u_t),
+        # whose running sum is the release A C⁻¹ y ≈ A x + A C⁻¹ z.
+        y = from_units(noised, exponent)
         buffers = core["buffers"]
-        y = z - plan.omega @ buffers
+        u = y - plan.omega @ buffers
         buffers *= plan.theta[:, None]
-        buffers += y
-        core["total"] += x + y
+        buffers += u
+        core["total"] += u
 
     def _core_release(self, plan, core):
         return core["total"]
 
     @staticmethod
     def _core_floats(core):
-        return core["buffers"].size + core["total"].size
+        return len(core["right"]) * len(core["right"][0]) + core["buffers"].size + core["total"].size
 
     @staticmethod
     def _core_to_state(core):
-        return {"buffers": core["buffers"].tolist(), "total": core["total"].tolist()}
+        return {
+            "right": [list(buf) for buf in core["right"]],
+            "buffers": core["buffers"].tolist(),
+            "total": core["total"].tolist(),
+        }
 
     def _core_from_state(self, plan, data, local):
+        right = data.get("right")
+        if (not isinstance(right, list) or len(right) != plan.buffers
+                or any(not isinstance(buf, list) or len(buf) != self._dim for buf in right)
+                or any(isinstance(v, bool) or not isinstance(v, int) for buf in right for v in buf)):
+            raise ValueError(f"state right must be {plan.buffers} lists of {self._dim} ints")
         return {
+            "right": [list(buf) for buf in right],
             "buffers": self._array(data["buffers"], (plan.buffers, self._dim), "buffers"),
             "total": self._array(data["total"], (self._dim,), "total"),
         }

@@ -121,6 +121,7 @@ import hashlib
 import math
 import numbers
 import pickle
+from fractions import Fraction
 
 import numpy as np
 
@@ -1005,6 +1006,9 @@ def exponential_mechanism(cost, epsilon, sensitivity, source):
     """Index of a candidate sampled with ``P(i) ∝ exp(−ε·cost_i/(2·sensitivity))``; ε-DP.
 
     The sampler follows the noise source (DESIGN "Noise and randomness"):
+    :class:`~dp_beam.mechanisms.noise_key.KeyedNoise` (the transforms'
+    production source) samples the softmax pmf exactly with keyed coins
+    (:meth:`~dp_beam.mechanisms.noise_key.KeyedNoise.exponential_choice`);
     :class:`SecureNoise` uses OpenDP's report-noisy-max (``make_noisy_max``
     with ``max_divergence``), which draws from the OS CSPRNG with exact
     arithmetic and whose privacy map is checked here to give at most ε for
@@ -1023,6 +1027,11 @@ def exponential_mechanism(cost, epsilon, sensitivity, source):
         p = np.exp(logits - logits.max())
         p /= p.sum()
         return int(source.generator.choice(cost.size, p=p))
+    if getattr(source, "exact_grid", False):
+        # Keyed production noise (KeyedNoise): the softmax pmf sampled with
+        # exact coins, γ_i = ε·cost_i/(2Δ) in rational arithmetic.
+        factor = Fraction(epsilon) / (2 * Fraction(sensitivity))
+        return int(source.exponential_choice([factor * Fraction(float(c)) for c in cost]))
     if isinstance(source, SecureNoise):
         import opendp.prelude as dp
 

@@ -34,6 +34,7 @@ from scipy import optimize
 
 from .calibration import rho_from_eps, rho_from_eps_delta
 from .noise import ZeroNoise, make_noise
+from .noise_key import grid_padded_scale, round_to_grid
 
 __all__ = [
     "NOISE_KINDS",
@@ -118,10 +119,14 @@ def l2_laplace_noise(source, scale, dim):
     zero vector without drawing a direction. The number of draws is fixed
     (dim Laplace + dim Gaussian), independent of the data.
 
-    Caveat: the secure source snaps each Laplace/Gaussian draw to a grid
-    (Mironov 2012), but ν itself is a float computation on those draws and is
-    not snapped again; the spec (§3) asks for a secure or snapping sampler and
-    no vetted snapping sampler for the L2-Laplace exists in OpenDP.
+    Caveat: ν is a float computation on grid draws. With the keyed source
+    :meth:`OutputPerturbation.train` rounds ν and the minimiser to the noise
+    grid, so the release is an exact grid sum and shows no data through its
+    low-order bits; the law of the rounded ν is the rounded float L2-Laplace,
+    not an exactly specified discrete distribution (no exact sampler for a
+    discrete L2-Laplace is known to us), which is the one place where the
+    released law is that of a float computation. The coordinate noises
+    (``"coord_laplace_l1"``, ``"gaussian"``) are exact discrete laws.
     """
     scale = _real("scale", scale, nonnegative=True)
     dim = _int("dim", dim, 1)
@@ -413,17 +418,30 @@ class OutputPerturbation:
         return 2.0 * self.loss.lipschitz / (self.lam * n)
 
     def call_noise(self, n, fraction):
-        """``{"kind", "scale", "std"}`` of a call on n points costing ``fraction`` of the budget."""
+        """``{"kind", "scale", "std"}`` of a call on n points costing ``fraction`` of the budget.
+
+        The scale is calibrated for the L2 sensitivity plus ``√p`` noise-grid
+        steps: :meth:`train` rounds the minimiser to the grid of its noise
+        (see there), which can move it by half a step per coordinate
+        (:func:`~dp_beam.mechanisms.noise_key.grid_padded_scale`).
+        """
         delta2 = self.sensitivity(n)
         p = self.loss.n_params
         if self.noise == "l2_laplace":
-            scale = delta2 / (fraction * self.epsilon)
+            def scale_of(s):
+                return s / (fraction * self.epsilon)
+        elif self.noise == "coord_laplace_l1":
+            def scale_of(s):
+                return math.sqrt(p) * s / (fraction * self.epsilon)
+        else:
+            def scale_of(s):
+                return s / math.sqrt(2.0 * fraction * self.rho)
+        scale = grid_padded_scale(delta2, scale_of, spread=math.sqrt(p))
+        if self.noise == "l2_laplace":
             std = math.sqrt(p + 1.0) * scale
         elif self.noise == "coord_laplace_l1":
-            scale = math.sqrt(p) * delta2 / (fraction * self.epsilon)
             std = math.sqrt(2.0) * scale
         else:
-            scale = delta2 / math.sqrt(2.0 * fraction * self.rho)
             std = scale
         return {"kind": self.noise, "scale": scale, "std": std}
 
@@ -439,7 +457,16 @@ class OutputPerturbation:
         """Noisy minimiser and its noise description (``X`` clipped, ``yi`` indices)."""
         theta, _ = solve_erm(self.loss, X, yi, self.lam, theta_ref, self.tol_fraction)
         noise = self.call_noise(X.shape[0], fraction)
-        return theta + self.draw(noise["scale"]), noise
+        draw = self.draw(noise["scale"])
+        if self.source.exact_grid:
+            # Keyed production noise: θ and the noise on one grid, so the
+            # sum is exact and its low-order bits carry nothing about the
+            # data (Mironov 2012). Coordinate noise is already on the grid;
+            # the L2-Laplace vector is a float computation on grid draws and
+            # is rounded to it here (post-processing of data-free noise).
+            theta = round_to_grid(theta, noise["scale"])
+            draw = round_to_grid(draw, noise["scale"])
+        return theta + draw, noise
 
 
 # -- releases ----------------------------------------------------------------------------
@@ -978,7 +1005,7 @@ class ContinualERM(_ERMStream):
     10 doubling 0 (8, 10) (0, 8) 0.5
     12 doubling 1 (8, 12) (0, 8) 0.25
     14 single 0 (12, 14) (8, 12) 0.5
-    >>> s.base_noise_scale(), s.update_noise_scale()    # 4L/(λB·ε/2), 4L/(λb0·ε/2)
+    >>> round(s.base_noise_scale(), 6), round(s.update_noise_scale(), 6)    # 4L/(λB·ε/2), 4L/(λb0·ε/2)
     (2.0, 4.0)
     >>> s.privacy_cost()
     {'epsilon': 1.0, 'delta': 0.0, 'rho': 0.5}

@@ -28,6 +28,7 @@ from scipy import integrate, optimize
 
 from .calibration import CALIBRATIONS, gaussian_sigma, laplace_scale, rho_from_eps, rho_from_eps_delta
 from .noise import gaussian_halfwidth, laplace_sum_halfwidth, make_noise
+from .noise_key import grid_padded_scale, round_to_grid
 from .tree import BinaryTreeMechanism, _check_step_index, restore_parameters
 
 __all__ = [
@@ -40,6 +41,57 @@ __all__ = [
 ]
 
 NOISE_KINDS = ("laplace", "gaussian")
+
+#: Relative sensitivity margin of the integer right factor (``EXACT =
+#: "right_factor"``): the rounding terms are kept below 2^-21 of the
+#: sensitivity, the rest covers the float evaluation of the column norm.
+RIGHT_FACTOR_SLACK = 2.0 ** -20
+
+
+def round_div_pow2(numerator, bits):
+    """``numerator / 2^bits`` rounded to the nearest int, ties to even; exact for any ints.
+
+    >>> [round_div_pow2(n, 1) for n in (1, 3, -1, 5, 4)]
+    [0, 2, 0, 2, 2]
+    """
+    if bits <= 0:
+        return numerator << -bits
+    quotient, remainder = divmod(numerator, 1 << bits)
+    half = 1 << (bits - 1)
+    if remainder > half or (remainder == half and quotient & 1):
+        quotient += 1
+    return quotient
+
+
+def dyadic(values):
+    """``(numerators, bits)``: ints with ``values[i] == numerators[i] / 2^bits`` exactly.
+
+    Floats are dyadic rationals; one common power of two lets an integer
+    recurrence use them without rounding.
+
+    >>> dyadic([0.5, 0.75, 3.0])
+    ([2, 3, 12], 2)
+    """
+    ratios = [float(v).as_integer_ratio() for v in values]
+    bits = max((den.bit_length() - 1 for _, den in ratios), default=0)
+    return [num << (bits - (den.bit_length() - 1)) for num, den in ratios], bits
+
+
+def to_units(x, exponent):
+    """The floats of x rounded to integer units of ``2^exponent`` (ties to even), exactly."""
+    out = []
+    for v in np.asarray(x, dtype=np.float64).ravel():
+        num, den = float(v).as_integer_ratio()
+        out.append(round_div_pow2(num, den.bit_length() - 1 + exponent))
+    return out
+
+
+def from_units(values, exponent):
+    """Floats ``v·2^exponent`` of ints (correctly rounded; post-processing only)."""
+    if exponent >= 0:
+        return np.array([float(v << exponent) for v in values], dtype=np.float64)
+    den = 1 << -exponent
+    return np.array([v / den for v in values], dtype=np.float64)
 
 
 def prefix_sum_matrix(horizon):
@@ -228,6 +280,9 @@ class FactorisationMechanism:
     name = None
     STATE_VERSION = 1
     LAPLACE = True
+    #: How a release stays an exact function of the discrete mechanism's
+    #: output (see :meth:`_scale`): ``"nodes"`` or ``"right_factor"``.
+    EXACT = "nodes"
     #: Largest horizon (and epoch length) supported; None for no limit.
     MAX_HORIZON = None
 
@@ -340,17 +395,75 @@ class FactorisationMechanism:
             start += length
             k += 1
 
+    def _calibrated(self, plan, sensitivity):
+        """Scale for a per-step sensitivity: the column norm times it, calibrated."""
+        if self._noise == "laplace":
+            return laplace_scale(plan.l1 * sensitivity, self._epsilon)
+        return gaussian_sigma(plan.l2 * sensitivity, self._epsilon, self._delta, self._calibration)
+
     def _scale(self, horizon):
-        """Noise scale (Laplace b or Gaussian σ) of a mechanism over ``horizon`` steps."""
+        """Noise scale (Laplace b or Gaussian σ) of a mechanism over ``horizon`` steps.
+
+        Calibrated for the sensitivity the exact computation adds (class
+        attribute ``EXACT``): ``"nodes"`` mechanisms round each noised node to
+        the noise grid, one grid step per node
+        (:func:`~dp_beam.mechanisms.noise_key.grid_padded_scale`);
+        ``"right_factor"`` mechanisms compute ``R x + z`` in integers, within a
+        relative :data:`RIGHT_FACTOR_SLACK` (see :meth:`_exact_exponent`).
+        """
         scale = self._scales.get(horizon)
         if scale is None:
             plan = self._plan_of(horizon)
-            if self._noise == "laplace":
-                scale = laplace_scale(plan.l1 * self._sensitivity, self._epsilon)
+            if self.EXACT == "nodes":
+                scale = grid_padded_scale(self._sensitivity, lambda s: self._calibrated(plan, s))
             else:
-                scale = gaussian_sigma(plan.l2 * self._sensitivity, self._epsilon, self._delta, self._calibration)
+                scale = self._calibrated(plan, self._sensitivity * (1.0 + RIGHT_FACTOR_SLACK))
             self._scales[horizon] = scale
         return scale
+
+    def _noised(self, exact, scale, noise):
+        """``exact + noise``, with ``exact`` first rounded to the noise grid for an
+        exact-grid source (as the tree's ``_noised``; ``EXACT = "nodes"``)."""
+        if self._source.exact_grid:
+            exact = round_to_grid(exact, scale)
+        return exact + noise
+
+    # -- integer right factor (EXACT = "right_factor") ----------------------------------
+
+    def _exact_exponent(self, plan):
+        """Exponent e of the unit ``2^e`` in which ``R x + z`` is computed.
+
+        The noised vector is ``y = round(R̃ x̂) + Z`` in integer units of
+        ``h = 2^e``: x̂ is x rounded to h, R̃ the right factor with the plan's
+        float coefficients taken as exact dyadic rationals, and the rounding
+        of ``R̃ x̂`` (and of any internal buffers) is bounded by
+        ``plan.err_units`` units per coordinate, a public constant of the
+        plan. Two neighbouring inputs then give integer vectors whose L2
+        distance is at most the exact sensitivity S (column norm ×
+        sensitivity) plus ``n·h·√dim·‖R‖col`` (inputs rounded to h, at most n
+        steps changed) plus ``2·err_units·h·√(n·dim)`` (the computation's
+        rounding, n the plan's horizon). h is the largest power of two that
+        keeps both terms below ``S·2^-51``, so calibrating for
+        ``S·(1 + RIGHT_FACTOR_SLACK)`` covers them with ample room for the
+        floating-point evaluation of S itself; a unit that small also keeps
+        the release's own rounding (post-processing, harmless for privacy)
+        at the level of float64 rounding, so noise-free tests see exact sums. The discrete Gaussian on
+        those integers is then exactly the mechanism the accountant charges,
+        and the release is its post-processing, however it is computed.
+        """
+        key = ("exponent", plan.horizon)
+        exponent = self._scales.get(key)
+        if exponent is None:
+            total = plan.l2 * self._sensitivity
+            n = plan.horizon
+            spread = n * math.sqrt(self._dim) * plan.l2 + 2.0 * plan.err_units * math.sqrt(n * self._dim)
+            exponent = math.frexp(total * 2.0 ** -51 / spread)[1] - 1
+            self._scales[key] = exponent
+        return exponent
+
+    def _integer_noise(self, scale, exponent):
+        """One noise vector of length dim as ints in units of ``2^exponent``."""
+        return self._source.integer_noise(self._noise, scale, exponent, self._dim)
 
     def _segments(self, t):
         """``[(horizon, local t)]``: the mechanisms whose noise the release at t sums."""

@@ -126,13 +126,13 @@ class HonakerTreeMechanism(FactorisationMechanism):
         noise = self._draw(scale, top + 1)
         exact, est = core["exact"], core["est"]
         right_exact = x
-        right_est = x + noise[0]
+        right_est = self._noised(x, scale, noise[0])
         for ell in range(1, top + 1):
             # Bits 0..top−1 of count−1 are all 1: exact/est there hold the
             # left children of the nodes completing now.
             node_exact = exact[ell - 1] + right_exact
             w = plan.var[ell]
-            right_est = w * (node_exact + noise[ell]) + (1.0 - w) * (est[ell - 1] + right_est)
+            right_est = w * self._noised(node_exact, scale, noise[ell]) + (1.0 - w) * (est[ell - 1] + right_est)
             right_exact = node_exact
         exact[:top] = 0.0
         est[:top] = 0.0

@@ -65,6 +65,28 @@ class NoiseSource:
     """
 
     secure = False
+    #: True when every draw is an exact multiple of ``2^grid_exponent(scale)``
+    #: (:class:`~dp_beam.mechanisms.noise_key.KeyedNoise`): a mechanism then
+    #: rounds the values it noises to that grid, so that the released float is
+    #: a function of the discrete mechanism's integer output alone.
+    exact_grid = False
+
+    def integer_noise(self, kind, scale, exponent, size):
+        """``size`` Python ints Z with ``Z·2^exponent`` distributed as noise of ``scale``.
+
+        ``kind`` is ``"laplace"`` or ``"gaussian"``. For the mechanisms that
+        compute their noised vector in integer units of ``2^exponent`` (BLT and
+        the square-root Toeplitz factorisation). This default draws float
+        noise and rounds it to the grid, which is post-processing of the
+        noise; :class:`~dp_beam.mechanisms.noise_key.KeyedNoise` draws the
+        exact discrete Laplace or Gaussian of scale ``scale/2^exponent``
+        instead.
+        """
+        if kind not in ("laplace", "gaussian"):
+            raise ValueError(f"kind must be 'laplace' or 'gaussian', got {kind!r}")
+        values = self.laplace(scale, size) if kind == "laplace" else self.gaussian(scale, size)
+        # ldexp scales by a power of two exactly; round() is half to even.
+        return [int(round(math.ldexp(float(v), -exponent))) for v in values]
 
     def laplace(self, scale, size):
         scale = _check_scale("scale", scale)

@@ -72,6 +72,7 @@ __all__ = [
     "round_to_grid",
     "grid_laplace",
     "grid_gaussian",
+    "grid_padded_scale",
 ]
 
 #: G: the grid of noise of scale b is 2^k with k = floor(log2 b) − G, so its
@@ -638,6 +639,36 @@ def grid_gaussian(stream, sigma):
     return _to_grid_float(_discrete_gaussian(stream, ratio_squared.numerator, ratio_squared.denominator), k)
 
 
+def grid_padded_scale(sensitivity, scale_of, spread=1.0):
+    """The noise scale for values rounded to the grid of that same scale first.
+
+    ``scale_of(s)`` is the scale a mechanism calibrates for a per-value
+    sensitivity s (e.g. ``lambda s: laplace_scale(levels * s, eps)``).
+    Rounding a value and its neighbour to the grid ``2^k`` of the noise moves
+    their difference by at most ``2^k`` (half a step each), so the rounded
+    values have sensitivity ``s + 2^k``: the returned scale is
+    ``scale_of(s + pad)`` for a pad of at least the grid step of the result.
+    One pass gives ``pad = 2^(k0+1)`` with k0 the grid of ``scale_of(s)``; it
+    is kept when the grid of the padded scale is at most ``pad`` (always,
+    unless the scale is over 2^29 times the sensitivity), else doubled.
+    ``spread`` is the norm of the rounding errors in units of the step when
+    several coordinates share one sensitivity (√p for p coordinates under an
+    L2 sensitivity): the scale is then ``scale_of(s + spread·pad)``.
+
+    >>> grid_padded_scale(1.0, lambda s: 4.0 * s) == 4.0 * (1.0 + 2.0 ** -27)
+    True
+    """
+    base = scale_of(sensitivity)
+    if base == 0.0:
+        return base
+    pad = math.ldexp(1.0, grid_exponent(base) + 1)
+    while True:
+        scale = scale_of(sensitivity + spread * pad)
+        if math.ldexp(1.0, grid_exponent(scale)) <= pad:
+            return scale
+        pad *= 2.0
+
+
 # -- the noise source ----------------------------------------------------------
 
 
@@ -691,6 +722,7 @@ class KeyedNoise(NoiseSource):
     """
 
     secure = True
+    exact_grid = True
 
     def __init__(self, noise_key, identity):
         if not isinstance(noise_key, NoiseKey):
@@ -769,3 +801,57 @@ class KeyedNoise(NoiseSource):
         if sigma == 0.0 or size == 0:
             return np.zeros(size, dtype=np.float64)
         return np.array([grid_gaussian(stream, sigma) for _ in range(size)], dtype=np.float64)
+
+    def integer_noise(self, kind, scale, exponent, size):
+        """``size`` exact discrete Laplace or Gaussian ints of scale ``scale/2^exponent``.
+
+        One call, one stream, as :meth:`laplace`. ``exponent`` is the caller's
+        grid, typically much finer than :func:`grid_exponent` (BLT computes
+        its noised vector in units of it); the samplers' cost grows only
+        with the bit length of the integer scale.
+
+        >>> src = KeyedNoise(NoiseKey.from_bytes(bytes(32)), ("doc", "ints"))
+        >>> z = src.integer_noise("gaussian", 1.5, -60, 2)
+        >>> len(z), all(isinstance(v, int) for v in z), src.draws
+        (2, True, 1)
+        """
+        if kind not in ("laplace", "gaussian"):
+            raise ValueError(f"kind must be 'laplace' or 'gaussian', got {kind!r}")
+        scale = _check_scale("scale", scale)
+        size = _check_size(size)
+        if isinstance(exponent, bool) or not isinstance(exponent, numbers.Integral):
+            raise ValueError(f"exponent must be an int, got {exponent!r}")
+        stream = self._next_stream()
+        if scale == 0.0 or size == 0:
+            return [0] * size
+        ratio = Fraction(scale) / Fraction(2) ** int(exponent)
+        if kind == "laplace":
+            return [_discrete_laplace(stream, ratio.numerator, ratio.denominator) for _ in range(size)]
+        squared = ratio * ratio
+        return [_discrete_gaussian(stream, squared.numerator, squared.denominator) for _ in range(size)]
+
+    def exponential_choice(self, gammas):
+        """Index i drawn with probability exactly ``exp(−γ_i) / Σ_j exp(−γ_j)``.
+
+        ``gammas`` are finite reals >= 0 (floats are exact dyadic rationals).
+        Rejection sampling with exact coins: propose i uniformly, accept with
+        probability ``exp(−(γ_i − min γ))`` (:func:`sample_bernoulli_exp`);
+        the accepted index has exactly the softmax law, and a proposal is
+        accepted with probability at least 1/n. No floating point enters the
+        choice (Ilvento 2020 shows how a float softmax leaks), and the draw is
+        keyed like every other, so a retry makes the same choice.
+
+        >>> src = KeyedNoise(NoiseKey.from_bytes(bytes(32)), ("doc", "em"))
+        >>> src.exponential_choice([0.0, 50.0, 50.0])
+        0
+        """
+        values = [_fraction("gamma", g, positive=False) for g in gammas]
+        if not values:
+            raise ValueError("gammas must not be empty")
+        stream = self._next_stream()
+        low = min(values)
+        shifted = [v - low for v in values]
+        while True:
+            i = stream.randbelow(len(shifted))
+            if _bernoulli_exp(stream, shifted[i].numerator, shifted[i].denominator):
+                return i

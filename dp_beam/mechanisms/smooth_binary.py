@@ -136,7 +136,7 @@ class SmoothBinaryMechanism(FactorisationMechanism):
         nodes[:top] = 0.0
         nodes[top] = closing
         new = [i for i in range(top, -1, -1) if (nxt >> i) & 1]
-        nodes[new] += self._draw(scale, len(new))
+        nodes[new] = self._noised(nodes[new], scale, self._draw(scale, len(new)))
         core["leaf"] = nxt
 
     def _core_release(self, plan, core):

@@ -13,7 +13,7 @@ import math
 
 import numpy as np
 
-from .factorisation import FactorisationMechanism, toeplitz_participation_norm
+from .factorisation import FactorisationMechanism, dyadic, from_units, round_div_pow2, to_units, toeplitz_participation_norm
 
 __all__ = ["SqrtToeplitzMechanism", "sqrt_toeplitz_coefficients"]
 
@@ -33,20 +33,31 @@ class _Plan:
         self.cum_sq = np.cumsum(self.coef * self.coef)
         self.l2 = math.sqrt(float(self.cum_sq[-1]))
         self.l1 = None
+        # C in integers (EXACT = "right_factor"): the float coefficients as
+        # exact dyadic rationals over one power of two, reversed like
+        # ``reversed``; a dot product with them is exact, so the only
+        # rounding is the final one to a unit (half a unit).
+        numerators, self.coef_bits = dyadic(self.coef)
+        self.reversed_num = np.array(numerators[::-1], dtype=object)
+        self.err_units = 0.5
 
 
 class SqrtToeplitzMechanism(FactorisationMechanism):
     """Prefix sums as ``A x + C z`` with ``C² = A`` (the factorisation mechanism with B = R = C).
 
-    Releasing ``C x + z`` and post-processing by C gives ``C(Cx + z) = Ax + Cz``:
-    step t adds ``x_t`` to the exact sum and releases it plus
-    ``Σ_{s<=t} c_{t−s} z_s``. σ is calibrated for the largest column norm of C,
+    Releasing ``y = C x + z`` and post-processing by C gives ``C(Cx + z) = Ax + Cz``:
+    the release at step t is ``Σ_{s<=t} c_{t−s} y_s``, i.e. the exact sum plus
+    ``Σ_{s<=t} c_{t−s} z_s``. y is computed in integers (exact ``C x``, one
+    rounding to a unit far below the noise, the keyed source's exact discrete
+    Gaussian z; see ``FactorisationMechanism._exact_exponent``), so the
+    accountant's Gaussian mechanism is exactly what runs and the float
+    release is its post-processing. σ is calibrated for the largest column norm of C,
     ``√(Σ_{i<T} c_i²)·Δ``; the release at t has std ``σ·√(Σ_{i<t} c_i²)``,
     exact. In unit-sensitivity σ the max is ``Σ_{i<T} c_i² ≈ 1 + (ln T + γ +
     ln 4)/π`` (3.273 at ``T = 2^10``, 4.596 at ``2^16``).
 
-    State: all past noise vectors and the exact running sum,
-    ``(t + 1)·dim`` floats, i.e. O(T): this mechanism is for short horizons
+    State: every past input in integer units and every past y,
+    ``2t·dim`` numbers, i.e. O(T): this mechanism is for short horizons
     and exists as the near-optimal reference that BLT approximates with O(1)
     state. Per step O(t·dim). Horizons above :attr:`MAX_HORIZON` = 2^14 are
     refused (``ValueError`` naming ``horizon``); at the limit the state is
@@ -73,8 +84,9 @@ class SqrtToeplitzMechanism(FactorisationMechanism):
     """
 
     name = "sqrt_toeplitz"
-    STATE_VERSION = 1
+    STATE_VERSION = 2
     LAPLACE = False
+    EXACT = "right_factor"
     MAX_HORIZON = 1 << 14
 
     @classmethod
@@ -91,40 +103,70 @@ class SqrtToeplitzMechanism(FactorisationMechanism):
         return float(plan.cum_sq[t - 1])
 
     def _core_new(self, plan):
-        return {"count": 0, "noise": np.zeros((min(plan.horizon, 16), self._dim)), "total": np.zeros(self._dim)}
+        rows = min(plan.horizon, 16)
+        return {
+            "count": 0,
+            "units": np.zeros((rows, self._dim), dtype=object),
+            "noised": np.zeros((rows, self._dim)),
+        }
 
     def _core_step(self, plan, core, x, scale):
         count = core["count"]
-        history = core["noise"]
-        if count == history.shape[0]:
+        if count == core["noised"].shape[0]:
             # Grow geometrically so that appending stays amortised O(dim).
-            grown = np.zeros((min(plan.horizon, 2 * count), self._dim))
-            grown[:count] = history
-            history = core["noise"] = grown
-        history[count] = self._draw(scale, 1)[0]
+            rows = min(plan.horizon, 2 * count)
+            units = np.zeros((rows, self._dim), dtype=object)
+            units[:count] = core["units"][:count]
+            noised = np.zeros((rows, self._dim))
+            noised[:count] = core["noised"][:count]
+            core["units"], core["noised"] = units, noised
+        # y_t = (C x)_t + z_t in integer units of 2^e
+        # (FactorisationMechanism._exact_exponent); the object dot product
+        # multiplies Python ints, so (C x)_t is exact before its one rounding.
+        exponent = self._exact_exponent(plan)
+        core["units"][count] = to_units(x, exponent)
+        weights = plan.reversed_num[plan.horizon - count - 1:]
+        acc = weights @ core["units"][: count + 1]
+        noise = self._integer_noise(scale, exponent)
+        y = [round_div_pow2(int(a), plan.coef_bits) + z for a, z in zip(acc, noise)]
+        core["noised"][count] = from_units(y, exponent)
         core["count"] = count + 1
-        core["total"] += x
 
     def _core_release(self, plan, core):
+        # Post-processing of y: the release is (C y)_t = (A x)_t + (C z)_t.
         count = core["count"]
         if count == 0:
-            return core["total"].copy()
+            return np.zeros(self._dim)
         weights = plan.reversed[plan.horizon - count:]
-        return core["total"] + weights @ core["noise"][:count]
+        return weights @ core["noised"][:count]
 
     @staticmethod
     def _core_floats(core):
-        return (core["count"] + 1) * core["total"].size
+        return 2 * core["count"] * core["noised"].shape[1]
 
     @staticmethod
     def _core_to_state(core):
-        return {"noise": core["noise"][: core["count"]].tolist(), "total": core["total"].tolist()}
+        count = core["count"]
+        return {
+            "units": [[int(v) for v in row] for row in core["units"][:count]],
+            "noised": core["noised"][:count].tolist(),
+        }
 
     def _core_from_state(self, plan, data, local):
-        noise = self._array(data["noise"], (local, self._dim), "noise") if local else np.zeros((0, self._dim))
-        history = np.zeros((max(min(plan.horizon, 16), local), self._dim))
-        history[:local] = noise
-        return {"count": local, "noise": history, "total": self._array(data["total"], (self._dim,), "total")}
+        units = data.get("units")
+        if (not isinstance(units, list) or len(units) != local
+                or any(not isinstance(row, list) or len(row) != self._dim for row in units)
+                or any(isinstance(v, bool) or not isinstance(v, int) for row in units for v in row)):
+            raise ValueError(f"state units must be {local} lists of {self._dim} ints")
+        rows = max(min(plan.horizon, 16), local)
+        core = self._core_new(plan)
+        core["units"] = np.zeros((rows, self._dim), dtype=object)
+        core["noised"] = np.zeros((rows, self._dim))
+        if local:
+            core["units"][:local] = np.array(units, dtype=object).reshape(local, self._dim)
+            core["noised"][:local] = self._array(data["noised"], (local, self._dim), "noised")
+        core["count"] = local
+        return core
 
     @classmethod
     def right_factor(cls, horizon):

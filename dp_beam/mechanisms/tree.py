@@ -11,6 +11,7 @@ import numpy as np
 
 from .calibration import CALIBRATIONS, gaussian_sigma, laplace_scale, rho_from_eps, rho_from_eps_delta
 from .noise import gaussian_halfwidth, laplace_sum_halfwidth, make_noise
+from .noise_key import grid_padded_scale, round_to_grid
 
 __all__ = ["BinaryTreeMechanism"]
 
@@ -151,6 +152,16 @@ class BinaryTreeMechanism:
     Privacy cost: ε-DP (Laplace), or (ε, δ)-DP and ρ-zCDP (Gaussian), for
     the whole output sequence; :meth:`privacy_cost` states it.
 
+    Exact releases: with the transforms' keyed source
+    (:class:`~dp_beam.mechanisms.noise_key.KeyedNoise`) every node is rounded
+    to the grid of its noise before the noise is added, so the node is the
+    integer output of a discrete Laplace (Gaussian) mechanism times the grid
+    step, computed without floating-point rounding, and a release is its
+    post-processing. Rounding can move a node's sensitivity by one grid step
+    (``<= 2^-29`` of the scale), so node scales are calibrated for ``Δ`` plus
+    that pad (:func:`~dp_beam.mechanisms.noise_key.grid_padded_scale`): they
+    exceed ``levels·Δ/ε`` by a relative ``2^-29·scale/Δ`` at most.
+
     Example (``ZeroNoise`` switches noise off to show the sums; it is not
     private, and production code leaves ``rng=None``):
 
@@ -158,9 +169,9 @@ class BinaryTreeMechanism:
     >>> m = BinaryTreeMechanism(epsilon=1.0, horizon=8, rng=ZeroNoise())
     >>> [m.step(x) for x in (1, 2, 3)]
     [1.0, 3.0, 6.0]
-    >>> m.levels, m.noise_scales(3)   # t = 3 = 0b11 sums two nodes of Lap(4·1/1)
+    >>> m.levels, [round(b, 6) for b in m.noise_scales(3)]   # t = 3 = 0b11: two nodes of Lap(4·1/1)
     (4, [4.0, 4.0])
-    >>> m.noise_std(3)                # √(2·2)·4
+    >>> round(m.noise_std(3), 6)      # √(2·2)·4
     8.0
     >>> m.privacy_cost()
     {'epsilon': 1.0, 'delta': 0.0, 'rho': 0.5}
@@ -342,11 +353,15 @@ class BinaryTreeMechanism:
         """Scale (Laplace b or Gaussian σ) of a node in a tree of ``levels`` levels (spec §1.2)."""
         scale = self._scales.get(levels)
         if scale is None:
+            # Calibrated for the node sensitivity padded by one grid step:
+            # with an exact-grid source every node is rounded to the noise
+            # grid before it is noised (see _noised).
             if self._noise == "laplace":
-                scale = laplace_scale(levels * self._sensitivity, self._epsilon)
+                scale = grid_padded_scale(self._sensitivity, lambda s: laplace_scale(levels * s, self._epsilon))
             else:
-                scale = gaussian_sigma(
-                    math.sqrt(levels) * self._sensitivity, self._epsilon, self._delta, self._calibration
+                scale = grid_padded_scale(
+                    self._sensitivity,
+                    lambda s: gaussian_sigma(math.sqrt(levels) * s, self._epsilon, self._delta, self._calibration),
                 )
             self._scales[levels] = scale
         return scale
@@ -355,6 +370,22 @@ class BinaryTreeMechanism:
         if self._noise == "laplace":
             return self._source.laplace(scale, self._dim)
         return self._source.gaussian(scale, self._dim)
+
+    def _noised(self, exact, scale):
+        """A node's noisy value: ``exact`` plus one noise vector of ``scale``.
+
+        With an exact-grid source (:class:`~dp_beam.mechanisms.noise_key.KeyedNoise`)
+        the exact value is first rounded to the noise's grid, so the sum is a
+        multiple of the grid computed without rounding (below 2^53 grid
+        steps): the node is the output of the discrete mechanism itself and
+        its low-order bits carry nothing about the data (Mironov 2012).
+        Without the rounding, a value off the grid would show through as the
+        sum's offset from it. The one grid step this can add to the node
+        sensitivity is in the calibration (:meth:`_node_scale`).
+        """
+        if self._source.exact_grid:
+            exact = round_to_grid(exact, scale)
+        return exact + self._draw(scale)
 
     def release_nodes(self, t):
         """Nodes summed in the release at step t, as ``(first, last, level)`` step intervals.
@@ -455,7 +486,7 @@ class BinaryTreeMechanism:
             open_levels = above[((count >> above) & 1) == 0]
             nodes[open_levels] += x
         nodes[:i] = 0.0
-        nodes[i] = exact + self._draw(scale)
+        nodes[i] = self._noised(exact, scale)
 
     def step(self, x):
         """Consume the next element x and return the noisy prefix sum through it.
@@ -506,7 +537,7 @@ class BinaryTreeMechanism:
                 continue
             if b & 1:
                 partial = nodes[i] if a == b - 1 else 0.0
-                nodes[i] = partial + self._draw(scale)
+                nodes[i] = self._noised(partial, scale)
             else:
                 nodes[i] = 0.0
 

@@ -37,6 +37,12 @@ from dp_beam.mechanisms.erm import (
 # Binary, no intercept, ‖x‖ <= 1: L = 1, the spec's reference setting.
 UNIT = dict(n_features=2, classes=[0, 1], feature_bound=1.0, fit_intercept=False)
 
+#: Relative tolerance of closed-form noise scales: output perturbation
+#: calibrates for Δ₂ plus √p grid steps of its noise (the minimiser is
+#: rounded to that grid, noise_key.grid_padded_scale), a relative excess of
+#: at most 2^-29·√p·scale/Δ₂ — below 1e-6 for the calls tested here.
+GRID_PAD = 1e-6
+
 
 def data(n, d=2, k=2, seed=0):
     rng = np.random.default_rng(seed)
@@ -76,18 +82,18 @@ def test_noise_scale_formulas_match_spec_vectors():
 
 def test_streams_use_the_spec_noise_scales():
     multi = MultiResolutionERM(0.1, 8192, lam=1, **UNIT)
-    assert multi.noise_scale() == pytest.approx(0.0048828125, rel=1e-12)
+    assert multi.noise_scale() == pytest.approx(0.0048828125, rel=GRID_PAD)
     for k in range(5):
-        assert multi.call_noise(k)["scale"] == pytest.approx(0.0048828125, rel=1e-12)
+        assert multi.call_noise(k)["scale"] == pytest.approx(0.0048828125, rel=GRID_PAD)
     # ContinualERM splits its ε in halves (§1.9): ε_tot = 0.2 gives the spec's ε = 0.1 per part.
     cont = ContinualERM(0.2, 1024, 8192, lam=1, **UNIT)
-    assert cont.update_noise_scale() == pytest.approx(0.0390625, rel=1e-12)
-    assert cont.base_noise_scale() == pytest.approx(0.0048828125, rel=1e-12)
+    assert cont.update_noise_scale() == pytest.approx(0.0390625, rel=GRID_PAD)
+    assert cont.base_noise_scale() == pytest.approx(0.0048828125, rel=GRID_PAD)
     slide = SlidingWindowERM(1.0, 1024, 7168, lam=1, **UNIT)
     assert slide.P == 4
-    assert slide.base_noise_scale() == pytest.approx(0.00146484375, rel=1e-12)
+    assert slide.base_noise_scale() == pytest.approx(0.00146484375, rel=GRID_PAD)
     for level in range(3):
-        assert slide.finetune_noise_scale(level) == pytest.approx(0.01171875, rel=1e-12)
+        assert slide.finetune_noise_scale(level) == pytest.approx(0.01171875, rel=GRID_PAD)
 
 
 def test_per_call_fractions_and_stds_of_releases():
@@ -116,9 +122,9 @@ def test_gaussian_and_coordinate_laplace_calibration():
     delta2 = 2 * 1 / (0.5 * n)
     # (f·ρ)-zCDP: Δ²/(2σ²) = f·ρ.
     sigma = gauss.call_noise(n, f)["scale"]
-    assert delta2**2 / (2 * sigma**2) == pytest.approx(f * rho, rel=1e-12)
+    assert delta2**2 / (2 * sigma**2) == pytest.approx(f * rho, rel=GRID_PAD)
     coord = OutputPerturbation(loss, 0.5, 1.0, "coord_laplace_l1")
-    assert coord.call_noise(n, f)["scale"] == pytest.approx(math.sqrt(p) * delta2 / f, rel=1e-12)
+    assert coord.call_noise(n, f)["scale"] == pytest.approx(math.sqrt(p) * delta2 / f, rel=GRID_PAD)
     stream = SlidingWindowERM(1.0, 1, 3, lam=1.0, noise="gaussian", delta=1e-6, **UNIT)
     cost = stream.privacy_cost()
     assert cost["delta"] == 1e-6 and cost["rho"] == pytest.approx(rho, rel=1e-12)
@@ -128,7 +134,7 @@ def test_normalisation_guard_doubling_the_data_halves_the_call_cost():
     # §4.2 item 11: at a fixed noise scale the per-call ε = Δ₂/b with Δ₂ = 2L/(λ|D|).
     op = OutputPerturbation(LogisticLoss(**UNIT), 1.0, 1.0)
     b = op.call_noise(64, 0.5)["scale"]
-    assert op.call_noise(128, 0.25)["scale"] == pytest.approx(b, rel=1e-12)
+    assert op.call_noise(128, 0.25)["scale"] == pytest.approx(b, rel=GRID_PAD)
     # And the objective is normalised by |D|: duplicating every point leaves the minimiser unchanged.
     loss = LogisticLoss(**UNIT)
     X, y = data(30)

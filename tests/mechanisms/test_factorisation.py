@@ -289,3 +289,50 @@ def test_lower_bound_reproduces_known_values():
     # It is ‖A‖_*/T: check the closed-form singular values on a small T.
     a = prefix_sum_matrix(50)
     assert prefix_sum_lower_bound(50) == pytest.approx(np.linalg.svd(a, compute_uv=False).sum() / 50, rel=1e-12)
+
+
+# -- exact integer right factor -------------------------------------------------------
+
+
+@pytest.mark.parametrize("cls", ["blt", "sqrt_toeplitz"])
+def test_integer_right_factor_sensitivity_holds_for_off_grid_neighbours(cls, monkeypatch):
+    """BLT and √Toeplitz compute y = C x + z in integer units h (EXACT =
+    "right_factor"). With one keyed noise, neighbouring streams (one step
+    changed by Δ, values off any grid) give integer vectors whose L2 distance
+    is the exact sensitivity up to the bounded rounding, and never above the
+    calibrated S·(1 + RIGHT_FACTOR_SLACK)."""
+    import importlib
+
+    from dp_beam.mechanisms import KeyedNoise, NoiseKey
+    from dp_beam.mechanisms.factorisation import RIGHT_FACTOR_SLACK
+
+    module = importlib.import_module(f"dp_beam.mechanisms.{'blt' if cls == 'blt' else 'toeplitz'}")
+    mech_cls = BLTMechanism if cls == "blt" else SqrtToeplitzMechanism
+    captured = []
+    real = module.from_units
+    monkeypatch.setattr(module, "from_units", lambda values, e: captured.append(list(values)) or real(values, e))
+    horizon, delta_sens = 32, 0.7
+    xs = [0.1 * t + 1.0 / 7.0 for t in range(horizon)]
+    runs = []
+    for changed in (None, 0, 9):
+        values = list(xs)
+        if changed is not None:
+            values[changed] += delta_sens
+        mech = mech_cls(1.0, sensitivity=delta_sens, horizon=horizon, noise="gaussian", delta=1e-6,
+                        rng=KeyedNoise(NoiseKey.from_bytes(bytes(32)), ("exact", cls)))
+        captured.clear()
+        releases = [mech.step(v) for v in values]
+        runs.append((np.array([c[0] for c in captured], dtype=object), releases, mech))
+    base, _, mech = runs[0]
+    plan = mech._plan_of(horizon)
+    unit = 2.0 ** mech._exact_exponent(plan)
+    column = mech_cls.right_factor(horizon)
+    for changed, (ints, releases, _) in zip((0, 9), runs[1:]):
+        diff = np.array([float(a - b) for a, b in zip(ints, base)]) * unit
+        exact = column[:, changed] * delta_sens
+        # the rounding moves each coordinate by at most 2·err_units units
+        assert np.max(np.abs(diff - exact)) <= 2 * plan.err_units * unit + 1e-15
+        assert np.linalg.norm(diff) <= plan.l2 * delta_sens * (1 + RIGHT_FACTOR_SLACK)
+    # The releases are the noisy prefix sums: with the noise removed they are exact.
+    zero = mech_cls(1.0, sensitivity=delta_sens, horizon=horizon, noise="gaussian", delta=1e-6, rng=ZeroNoise())
+    assert [zero.step(v) for v in xs] == pytest.approx(np.cumsum(xs), rel=1e-12, abs=1e-12)

@@ -520,3 +520,76 @@ def test_from_file_errors_name_noise_key(tmp_path):
 
 def test_bit_stream_is_exported_type():
     assert isinstance(KEY.stream("x"), BitStream)
+
+
+# -- integer noise, the exact exponential mechanism, the grid pad ----------------------
+
+
+def test_integer_noise_is_the_discrete_gaussian_of_the_unit_scale():
+    """Ints of scale σ/2^e: sample mean and variance within 5 standard errors
+    (variance of the sample variance ≈ 2σ⁴/n for a near-Gaussian law)."""
+    src = KeyedNoise(NoiseKey.from_bytes(bytes(32)), ("test", "ints"))
+    n, sigma, exponent = 4000, 1.5, -40
+    z = np.array(src.integer_noise("gaussian", sigma, exponent, n), dtype=np.float64) * 2.0 ** exponent
+    assert all(isinstance(v, int) for v in src.integer_noise("gaussian", sigma, exponent, 3))
+    assert abs(z.mean()) < 5 * sigma / math.sqrt(n)
+    assert abs(z.var() - sigma**2) < 5 * math.sqrt(2.0 / n) * sigma**2
+    lap = np.array(src.integer_noise("laplace", 2.0, -10, n), dtype=np.float64) * 2.0**-10
+    # Var Lap(b) = 2b²; the sample variance of a Laplace has variance 20b⁴/n.
+    assert abs(lap.var() - 8.0) < 5 * math.sqrt(20.0 / n) * 4.0
+    again = KeyedNoise(NoiseKey.from_bytes(bytes(32)), ("test", "ints"))
+    assert again.integer_noise("gaussian", sigma, exponent, 5) == KeyedNoise(
+        NoiseKey.from_bytes(bytes(32)), ("test", "ints")).integer_noise("gaussian", sigma, exponent, 5)
+    with pytest.raises(ValueError, match="kind"):
+        src.integer_noise("cauchy", 1.0, 0, 1)
+
+
+def test_default_integer_noise_rounds_float_noise_to_the_unit():
+    from dp_beam.mechanisms import SeededNoise, ZeroNoise
+
+    assert ZeroNoise().integer_noise("gaussian", 1.0, -3, 4) == [0, 0, 0, 0]
+    ints = SeededNoise(0).integer_noise("laplace", 1.0, -3, 4)
+    floats = SeededNoise(0).laplace(1.0, 4)
+    assert ints == [round(v * 8) for v in floats]
+
+
+def test_exponential_choice_has_the_softmax_law():
+    """20,000 keyed draws over γ = (0, 0.5, 1, 2): each count within 5 binomial
+    standard deviations of n·softmax (a fixed key, so the test is deterministic)."""
+    gammas = [0.0, 0.5, 1.0, 2.0]
+    p = np.exp(-np.array(gammas))
+    p /= p.sum()
+    key = NoiseKey.from_bytes(bytes(range(32)))
+    n = 20000
+    counts = np.zeros(4)
+    for i in range(n):
+        counts[KeyedNoise(key, ("em", i)).exponential_choice(gammas)] += 1
+    assert np.all(np.abs(counts - n * p) < 5 * np.sqrt(n * p * (1 - p)))
+    # A planted bug (γ doubled) is far outside the same band: the test has power.
+    q = np.exp(-2 * np.array(gammas))
+    q /= q.sum()
+    assert np.any(np.abs(counts - n * q) > 5 * np.sqrt(n * q * (1 - q)))
+
+
+def test_exponential_mechanism_runs_on_the_keyed_source_and_replays():
+    """The transforms give ContinualMean's median prior a KeyedNoise; it used to raise."""
+    from dp_beam.mechanisms.continual_mean import exponential_mechanism
+
+    key = NoiseKey.from_bytes(bytes(32))
+    cost = [5.0, 1.0, 3.0, 1.0]
+    picks = [exponential_mechanism(cost, 2.0, 1.0, KeyedNoise(key, ("median", i))) for i in range(200)]
+    assert picks == [exponential_mechanism(cost, 2.0, 1.0, KeyedNoise(key, ("median", i))) for i in range(200)]
+    assert set(picks) <= {0, 1, 2, 3} and picks.count(1) + picks.count(3) > picks.count(0) + picks.count(2)
+
+
+def test_grid_padded_scale_covers_one_grid_step_per_value():
+    from dp_beam.mechanisms.noise_key import grid_padded_scale
+
+    for sens, ratio in [(1.0, 4.0), (0.3, 1000.0), (7.0, 2.0**-5)]:
+        scale = grid_padded_scale(sens, lambda s: ratio * s)
+        step = 2.0 ** grid_exponent(scale)
+        # the scale pays for the sensitivity plus at least one step of its own grid
+        assert scale >= ratio * (sens + step)
+        assert scale <= ratio * sens * (1 + 2.0**-28 * ratio)
+        spread = grid_padded_scale(sens, lambda s: ratio * s, spread=3.0)
+        assert spread >= ratio * (sens + 3.0 * 2.0 ** grid_exponent(spread))

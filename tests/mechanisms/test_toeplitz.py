@@ -39,7 +39,7 @@ def test_state_grows_linearly_and_unbounded_epochs_cap():
     mech = SqrtToeplitzMechanism(1.0, horizon=100, dim=2, rng=ZeroNoise(), **GAUSS)
     for t in range(1, 101):
         mech.step([1.0, 1.0])
-        assert mech.state_size() == (t + 1) * 2
+        assert mech.state_size() == 2 * t * 2    # every input (integer units) and every y
     assert SqrtToeplitzMechanism._epoch_of(2**14) == (14, 2**14, 2**14)
     assert SqrtToeplitzMechanism._epoch_of(2**15 - 1) == (14, 2**14, 2**14)
     assert SqrtToeplitzMechanism._epoch_of(2**15) == (15, 2**15, 2**14)
