@@ -5,19 +5,22 @@ Every mechanism in :mod:`dp_beam.mechanisms` draws its randomness through a
 that is injected (spec withhold_release_and_composition.md §1.1: the noise of
 a node is drawn once, at creation, from an injected source; BM-4).
 
-* :class:`SecureNoise` is the only source that is private in deployment: it
-  uses OpenDP's samplers, which draw from the operating system's CSPRNG and
-  sample on a power-of-two grid, so the released floats do not leak the data
-  through the low-order bits (Mironov 2012).
-* :class:`SeededNoise` and :class:`ZeroNoise` exist for tests only.
 * :class:`~dp_beam.mechanisms.noise_key.KeyedNoise` (module ``noise_key``)
-  is private too and, unlike :class:`SecureNoise`, reproducible: its draws
-  are a function of a secret :class:`~dp_beam.mechanisms.noise_key.NoiseKey`
-  and a public draw identity, so a bundle that a runner retries re-releases
-  the noise of its first attempt instead of a second, independent one
-  (which would be an uncounted extra release). Its exact discrete samplers
-  on a power-of-two grid, added to a statistic rounded to that grid, make
-  the released float itself covered by the guarantee.
+  is the production source and the default (``rng=None``, with a fresh key
+  from the OS per mechanism): its draws are a function of a secret
+  :class:`~dp_beam.mechanisms.noise_key.NoiseKey` and a public draw
+  identity, so a bundle that a runner retries re-releases the noise of its
+  first attempt instead of a second, independent one (which would be an
+  uncounted extra release), and its exact discrete samplers on a
+  power-of-two grid, with the mechanisms rounding what they noise to that
+  grid, make the released float itself covered by the guarantee.
+* :class:`SecureNoise` is private too, an explicit option: OpenDP's float
+  samplers on the OS CSPRNG, snapped to a power-of-two grid. The mechanisms
+  add its noise to their statistic in floating point, so the released float
+  is not covered by OpenDP's floating-point guarantee, and its draws are not
+  reproducible (a retried bundle re-draws). It is kept for comparison and
+  for callers that want OpenDP's samplers.
+* :class:`SeededNoise` and :class:`ZeroNoise` exist for tests only.
 """
 
 import functools
@@ -242,14 +245,20 @@ class ZeroNoise(NoiseSource):
 def make_noise(rng):
     """Resolve the public ``rng`` argument into a :class:`NoiseSource`.
 
-    ``None`` means secure OS entropy (:class:`SecureNoise`); an int seed or a
+    ``None`` means production noise: a
+    :class:`~dp_beam.mechanisms.noise_key.KeyedNoise` under a fresh 256-bit
+    key from the OS (so two mechanisms never share noise, and a mechanism is
+    exact on its noise grid); an int seed or a
     ``numpy.random.Generator`` means the test-only :class:`SeededNoise`; a
     :class:`NoiseSource` is used as is (DESIGN "Public API", "Noise and
     randomness"). A bool is refused although it is an int, because
     ``rng=True`` is far more likely a mistake than the seed 1.
     """
     if rng is None:
-        return SecureNoise()
+        # Imported here: noise_key builds on this module.
+        from .noise_key import KeyedNoise, NoiseKey
+
+        return KeyedNoise(NoiseKey.generate(), ("mechanism",))
     if isinstance(rng, NoiseSource):
         return rng
     if isinstance(rng, (bool, np.bool_)):

@@ -20,6 +20,7 @@ from dp_beam.mechanisms import (
     BLTMechanism,
     HonakerTreeMechanism,
     NoiseSource,
+    KeyedNoise,
     SecureNoise,
     SeededNoise,
     SmoothBinaryMechanism,
@@ -211,7 +212,7 @@ def test_restored_mechanism_continues_identically(cls, config, cut):
 @pytest.mark.parametrize("cls", CLASSES)
 def test_state_pickles_and_secure_default(cls):
     mech = cls(1.0, horizon=8, **GAUSS)
-    assert isinstance(mech.noise_source, SecureNoise)
+    assert isinstance(mech.noise_source, KeyedNoise)
     mech.step(1.0)
     copy = pickle.loads(pickle.dumps(mech))
     assert copy.current() == mech.current()

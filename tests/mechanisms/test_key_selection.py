@@ -19,6 +19,7 @@ from dp_beam.mechanisms import (
     KeyCounter,
     KeySelection,
     NoiseSource,
+    KeyedNoise,
     SecureNoise,
     SeededNoise,
     ZeroNoise,
@@ -126,7 +127,7 @@ def test_properties_are_read_only_and_secure_by_default():
     with pytest.raises(AttributeError):
         sel.epsilon = 1.0
     counter = sel.new_counter(1)
-    assert isinstance(counter._tree.noise_source, SecureNoise)
+    assert isinstance(counter._tree.noise_source, KeyedNoise)
     counter.step(0)
     assert isinstance(counter, KeyCounter) and counter.t == 1
     # Beam serialises both: they pickle, secure source included.
@@ -953,7 +954,7 @@ def test_sparse_vector_admitted_state_round_trips_and_pickles():
     with pytest.raises(ValueError, match="already admitted"):
         restored.step(0)
     fresh = sel.new_counter(1)
-    assert isinstance(fresh.noise_source, SecureNoise)
+    assert isinstance(fresh.noise_source, KeyedNoise)
     fresh.step(0)
     clone = pickle.loads(pickle.dumps(fresh))
     assert clone.to_state() == fresh.to_state()

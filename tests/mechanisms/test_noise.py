@@ -14,6 +14,7 @@ from scipy import stats
 
 from dp_beam.mechanisms import (
     NoiseSource,
+    KeyedNoise,
     SecureNoise,
     SeededNoise,
     ZeroNoise,
@@ -25,10 +26,12 @@ from dp_beam.mechanisms import (
 # -- make_noise ----------------------------------------------------------------
 
 
-def test_make_noise_none_is_secure():
+def test_make_noise_none_is_keyed_production_noise():
     source = make_noise(None)
-    assert isinstance(source, SecureNoise)
-    assert source.secure is True
+    assert isinstance(source, KeyedNoise)
+    assert source.secure is True and source.exact_grid is True
+    # a fresh key each time: two default sources never share noise
+    assert make_noise(None).noise_key != source.noise_key
 
 
 def test_make_noise_int_and_generator_are_seeded_and_share_the_generator():

@@ -17,6 +17,7 @@ from scipy import stats
 from dp_beam.mechanisms import (
     BinaryTreeMechanism,
     NoiseSource,
+    KeyedNoise,
     SecureNoise,
     SeededNoise,
     ZeroNoise,
@@ -268,7 +269,7 @@ def test_seed_reproduces_and_different_seeds_differ():
 
 def test_default_rng_is_secure():
     mech = BinaryTreeMechanism(1.0, horizon=4)
-    assert isinstance(mech.noise_source, SecureNoise)
+    assert isinstance(mech.noise_source, KeyedNoise)
     assert mech.noise_source.secure
     assert isinstance(BinaryTreeMechanism(1.0, rng=5).noise_source, SeededNoise)
 
