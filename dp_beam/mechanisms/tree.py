@@ -4,6 +4,7 @@ Spec withhold_release_and_composition.md §1 (CSS10 Alg. 2 / DNPR10), with the
 unbounded-stream construction U2 of §1.6.
 """
 
+import functools
 import math
 import numbers
 
@@ -60,6 +61,18 @@ def restore_parameters(cls, state, rng, fields):
     if isinstance(t, bool) or not isinstance(t, numbers.Integral) or t < 0:
         raise ValueError(f"state t must be an int >= 0, got {t!r}")
     return mech, int(t), values
+
+
+@functools.lru_cache(maxsize=1024)
+def _node_scale(noise, levels, sensitivity, epsilon, delta, calibration):
+    # Calibrated for the node sensitivity padded by one grid step: with an
+    # exact-grid source every node is rounded to the noise grid before it is
+    # noised (BinaryTreeMechanism._noised). Cached across instances because a
+    # release DoFn restores a fresh mechanism at every step.
+    if noise == "laplace":
+        return grid_padded_scale(sensitivity, lambda s: laplace_scale(levels * s, epsilon))
+    return grid_padded_scale(sensitivity,
+                             lambda s: gaussian_sigma(math.sqrt(levels) * s, epsilon, delta, calibration))
 
 
 class BinaryTreeMechanism:
@@ -353,16 +366,8 @@ class BinaryTreeMechanism:
         """Scale (Laplace b or Gaussian σ) of a node in a tree of ``levels`` levels (spec §1.2)."""
         scale = self._scales.get(levels)
         if scale is None:
-            # Calibrated for the node sensitivity padded by one grid step:
-            # with an exact-grid source every node is rounded to the noise
-            # grid before it is noised (see _noised).
-            if self._noise == "laplace":
-                scale = grid_padded_scale(self._sensitivity, lambda s: laplace_scale(levels * s, self._epsilon))
-            else:
-                scale = grid_padded_scale(
-                    self._sensitivity,
-                    lambda s: gaussian_sigma(math.sqrt(levels) * s, self._epsilon, self._delta, self._calibration),
-                )
+            scale = _node_scale(self._noise, levels, self._sensitivity, self._epsilon, self._delta,
+                                self._calibration)
             self._scales[levels] = scale
         return scale
 
