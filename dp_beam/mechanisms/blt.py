@@ -171,12 +171,15 @@ class _Plan:
         # the integer buffers: buffer i carries an error e with
         # |e| <= 1/(2(1 − θ_i)) (each step adds at most 1/2 and shrinks the
         # old error by θ_i), so (C x)_t is off by at most
-        # 1/2 + Σ |ω_i|/(2(1 − θ_i)) units.
-        if not all(0.0 < th < 1.0 for th in self.theta):
-            raise ValueError(f"theta must lie in (0, 1) for a stable BLT, got {tuple(self.theta)}")
+        # 1/2 + Σ |ω_i|/(2(1 − θ_i)) units. A buffer with θ_i = 1 (the
+        # optimiser returns it for some horizons) is never rounded: its
+        # products are exact, so it adds nothing.
+        if not all(0.0 < th <= 1.0 for th in self.theta):
+            raise ValueError(f"theta must lie in (0, 1] for a stable BLT, got {tuple(self.theta)}")
         self.theta_num, self.theta_bits = dyadic(self.theta)
         self.omega_num, self.omega_bits = dyadic(self.omega)
-        self.err_units = 0.5 + float(np.sum(np.abs(self.omega) / (2.0 * (1.0 - self.theta))))
+        decaying = self.theta < 1.0
+        self.err_units = 0.5 + float(np.sum(np.abs(self.omega[decaying]) / (2.0 * (1.0 - self.theta[decaying]))))
 
     def column(self):
         i = np.arange(1, self.horizon)

@@ -91,3 +91,13 @@ def test_participation_on_standard_horizon_is_well_below_k():
     norm = BLTMechanism.participation_norm(2**10, 8, 128)
     single = BLTMechanism._plan(2**10).l2
     assert single < norm < 8 * single
+
+
+def test_untabulated_horizon_with_a_non_decaying_buffer_runs_exactly():
+    """The optimiser returns θ = 1 for some horizons (8,760 hourly steps): that
+    buffer's integer products are exact, so it adds no rounding error, and the
+    mechanism must run (it raised once)."""
+    mech = BLTMechanism(1.0, horizon=8760, rng=ZeroNoise(), **GAUSS)
+    plan = mech._plan_of(8760)
+    assert plan.theta.max() <= 1.0 and np.isfinite(plan.err_units)
+    assert [mech.step(x) for x in (1.0, 2.0, 0.5)] == pytest.approx([1.0, 3.0, 3.5], abs=1e-12)
