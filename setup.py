@@ -38,7 +38,11 @@ setup(
     name="dp_beam",
     version="0.1.0",
     description=__doc__,
-    packages=find_packages(include=["dp_beam", "dp_beam.*", "pipelines", "pipelines.*"]),
+    # Only the library: the example jobs in pipelines/ run from a checkout
+    # (`python -m pipelines.X`, `dp-beam run X` from the repository root) and
+    # must not claim a generic top-level name in users' environments.
+    packages=find_packages(include=["dp_beam", "dp_beam.*"]),
+    license="Apache-2.0",
     python_requires=">=3.10",
     install_requires=RUNTIME,
     extras_require=EXTRAS,

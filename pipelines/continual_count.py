@@ -2,8 +2,9 @@
 
 Every flight of 2013 is an event stamped with its scheduled departure. Two
 continual releases read the same events, each at ε/2, so under event-level
-privacy they compose sequentially to ε (default 1.0); the plan is checked
-against that budget at construction. Outputs, under ``--output``:
+privacy they compose sequentially to ε (``--epsilon``, the total budget,
+default 1.0); the plan is checked against that budget at construction.
+Outputs, under ``--output``:
 
 - ``releases.jsonl``: one private release per hour per transform (running totals)
 - ``ledger.jsonl``: the privacy charges of both transforms
@@ -25,7 +26,7 @@ import logging
 import os
 import sys
 from collections import defaultdict
-from datetime import datetime, timedelta, timezone
+from datetime import timedelta
 
 import apache_beam as beam
 from apache_beam.options.pipeline_options import PipelineOptions
@@ -33,8 +34,9 @@ from apache_beam.options.pipeline_options import PipelineOptions
 import dp_beam as dpb
 from dp_beam.transforms.schedule import resolve_schedule
 from pipelines.flights import PERIOD_START, flights_csv_path, load_flights, period_end
-from pipelines.jobs import (LogProgress, job_parser, join_path, output_dir, print_dead_letters_and_budget,
-                           plan_only, read_jsonl, release_period, run)
+from pipelines.jobs import (LogProgress, check_options, job_parser, join_path, output_dir,
+                           plan_only, print_dead_letters_and_budget, read_jsonl, release_period,
+                           run)
 
 STEP = timedelta(hours=1)
 DELAY_LOWER, DELAY_UPPER = -30, 120
@@ -55,11 +57,6 @@ def read_flights(path, limit_days=None):
 
 
 _LOG = logging.getLogger("dp_beam.jobs.continual_count")
-
-
-def _describe_release(release):
-    end = datetime.fromtimestamp(release.window_end, tz=timezone.utc)
-    return f"{release.transform!r} step {release.step} ending {end:%Y-%m-%d %H:%M} UTC"
 
 
 def build(p, epsilon, output_dir, limit_days=None, seed=None, start=None, end=None):
@@ -103,11 +100,9 @@ def _build(p, epsilon, output_dir, limit_days=None, seed=None, start=None, end=N
         "report": (report,),
         "invalid": (count.invalid, delay.invalid),
     }
+    # Releases are logged by the transforms themselves (dp_beam.progress).
     for name, pcolls in outputs.items():
         merged = pcolls[0] if len(pcolls) == 1 else pcolls | f"merge {name}" >> beam.Flatten()
-        if name == "releases":
-            merged = merged | "progress releases" >> beam.ParDo(
-                LogProgress("steps released", _describe_release))
         merged | f"write {name}" >> dpb.io.WriteJsonLines(paths[name])
     return paths, accountings, budget
 
@@ -165,14 +160,17 @@ def summarise(paths, elapsed, out=None):
 
 def make_parser():
     parser = job_parser("continual_count", __doc__.split("\n\n")[0])
-    parser.add_argument("--epsilon", type=float, default=1.0, help="total privacy budget")
+    parser.add_argument("--epsilon", type=float, default=1.0,
+                        help="total privacy budget (event level, default 1); the count and the "
+                             "sum each get half, and compose sequentially to it")
     parser.add_argument("--truth", action="store_true",
                         help="also plot the non-private values (public demo data only)")
     return parser
 
 
 def parse_args(argv):
-    return make_parser().parse_known_args(argv)
+    args, beam_args = make_parser().parse_known_args(argv)
+    return check_options(args), beam_args
 
 
 def _construct(args, beam_args, create_output=True):
@@ -193,15 +191,17 @@ def build_pipeline(argv):
 def main(argv=None):
     args, beam_args = parse_args(argv)
     p, paths, _, _ = _construct(args, beam_args)
-    elapsed = run(p, "continual_count", args.runner, paths, args.no_wait, _LOG)
-    if elapsed is None:
+    finished = run(p, "continual_count", args.runner, paths, args.no_wait, _LOG)
+    if finished is None:
         return paths
+    elapsed = finished.elapsed
     if "://" in paths["releases"]:
         summarise(paths, elapsed)
         print("plot: skipped for a remote output; render it with `dp-beam report`")
+        finished.check_invalid(args.max_invalid_fraction)
         return paths
 
-    from pipelines.plotting import plot_releases
+    from dp_beam.report import plot_series, read_jsonl as read_records, series_of
 
     half = args.epsilon / 2
     titles = {
@@ -214,15 +214,18 @@ def main(argv=None):
         truth = running_truth(load_flights(limit_days=args.days), int(STEP.total_seconds()),
                               *release_period(args))
     output_dir = os.path.dirname(paths["releases"])
-    png = plot_releases(paths["releases"], os.path.join(output_dir, "continual_count.png"),
-                        truth=truth, titles=titles)
+    png = os.path.join(output_dir, "continual_count.png")
+    plot_series(series_of(read_records(paths["releases"])), png, truth=truth, titles=titles,
+                counts={COUNT_LABEL},
+                ylabels={COUNT_LABEL: "departures so far", SUM_LABEL: "delay minutes so far"},
+                dpi=110)
     summarise(paths, elapsed)
     print(f"plot: {png}")
+    finished.check_invalid(args.max_invalid_fraction)
     return paths
 
 
 if __name__ == "__main__":
-    from dp_beam.cli import configure_logging
+    from dp_beam.cli import job_main
 
-    configure_logging(0)
-    main()
+    sys.exit(job_main(main, "continual_count"))

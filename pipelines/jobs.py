@@ -14,10 +14,11 @@ from collections import defaultdict
 
 import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
-from apache_beam.metrics.metric import MetricsFilter
 from apache_beam.runners.runner import PipelineState
 
 import dp_beam as dpb
+from dp_beam import progress
+from dp_beam.accounting.display import fmt
 from pipelines.flights import PERIOD_START, period_end
 
 PROGRESS_SECONDS = 10.0
@@ -83,22 +84,26 @@ def ledger_epsilon(entries):
     return {r.unit: r.epsilon for r in dpb.accounting.compose(records) if r.epsilon is not None}
 
 
-def log_metrics(result, logger=_LOG):
-    """Logs the dp_beam counters of a finished run (totals over all workers)."""
-    try:
-        counters = result.metrics().query(MetricsFilter().with_namespace("dp_beam"))["counters"]
-    except Exception:  # some runners do not report metrics; progress is informational only
-        return
-    for c in sorted(counters, key=lambda c: c.key.metric.name):
-        if c.committed or c.attempted:
-            logger.info("metric %s = %s", c.key.metric.name,
-                        c.committed if c.committed is not None else c.attempted)
+class Finished:
+    """A finished run: wall time and the per-transform summary of its Beam metrics."""
+
+    def __init__(self, elapsed, summary):
+        self.elapsed = elapsed
+        #: ``{transform: {counter: value}}`` (:func:`dp_beam.progress.summarise`), or None
+        #: when the runner reports no metrics.
+        self.summary = summary
+
+    def check_invalid(self, max_fraction, logger=_LOG):
+        """Warns about, or fails (:class:`dp_beam.progress.TooManyInvalid`) on, mostly invalid input."""
+        progress.check_invalid(self.summary, max_fraction, logger)
 
 
 def run(p, name, runner, paths, no_wait, logger=_LOG):
-    """Runs a constructed job; returns its wall time in seconds, or None when not waiting.
+    """Runs a constructed job; returns a :class:`Finished`, or None when not waiting.
 
-    Raises ``RuntimeError`` when the pipeline ends in any state but DONE.
+    Logs the per-transform summary of the run's metrics (steps released,
+    events used, rejected elements). Raises ``RuntimeError`` when the
+    pipeline ends in any state but DONE.
     """
     start = time.perf_counter()
     logger.info("running %s on %s; outputs under %s", name, runner,
@@ -111,27 +116,35 @@ def run(p, name, runner, paths, no_wait, logger=_LOG):
     if state is not None and state != PipelineState.DONE:
         raise RuntimeError(f"the pipeline ended in state {state}")
     elapsed = time.perf_counter() - start
-    log_metrics(result, logger)
-    return elapsed
+    summary = progress.summarise(result)
+    for line in progress.format_summary(summary):
+        logger.info("summary %s", line)
+    return Finished(elapsed, summary)
 
 
 def print_dead_letters_and_budget(invalid, ledger, report_path, out, noun="events"):
     """Dead letters per transform and reason, the ledger's ε per unit and the budget check."""
     reasons = defaultdict(int)
     for rec in invalid:
-        reasons[(rec["transform"], rec["reason"])] += rec.get("count", 1)
+        # Reasons may carry details in parentheses (the step, the bound): one line per kind.
+        reasons[(rec["transform"], rec["reason"].split(" (", 1)[0])] += rec.get("count", 1)
     print(f"invalid {noun}: {sum(reasons.values())}", file=out)
     for (name, reason), n in sorted(reasons.items()):
         print(f"  {name!r}: {reason}: {n}", file=out)
     for unit, eps in sorted(ledger_epsilon(ledger).items()):
-        print(f"total epsilon from the ledger ({unit}-level): {eps:g}", file=out)
-    for rep in read_jsonl(report_path):
-        if rep["transforms"]:
+        print(f"total epsilon from the ledger ({unit}-level): {fmt(eps)}", file=out)
+    from dp_beam.report import final_reports
+
+    for (unit, relation), rep in final_reports(read_jsonl(report_path)).items():
+        where = f"{unit}-level, {relation}"
+        if rep["epsilon"] is None:
+            print(f"budget check ({where}): no bound: {rep.get('note')}", file=out)
+        elif rep.get("budget_epsilon") is not None:
             verdict = "within" if rep["within_budget"] else "OVER"
-            print(f"budget check ({rep['unit']}-level): epsilon {rep['epsilon']:g} of "
-                  f"{rep['budget_epsilon']:g}, {verdict} budget", file=out)
-        elif rep.get("note"):
-            print(f"budget check ({rep['unit']}-level): {rep['note']}", file=out)
+            print(f"budget check ({where}): epsilon {fmt(rep['epsilon'])} of "
+                  f"{fmt(rep['budget_epsilon'])}, {verdict} budget", file=out)
+        else:
+            print(f"total ({where}): epsilon {fmt(rep['epsilon'])}", file=out)
 
 
 PLAN_ONLY_OUTPUT = "unused-plan-only-output"
@@ -216,4 +229,23 @@ def job_parser(prog, description):
     parser.add_argument("--no_wait", "--no-wait", action="store_true",
                         help="submit the job and return without waiting, summary or plot "
                              "(what a Dataflow Flex Template launcher needs)")
+    parser.add_argument("--max-invalid-fraction", "--max_invalid_fraction",
+                        dest="max_invalid_fraction", type=float, default=0.5,
+                        help="fail (exit status 1) when a transform rejects more than this share "
+                             "of its input, as the run's metrics count it (default 0.5; a share "
+                             "above 0.1 is warned about; 1 never fails)")
     return parser
+
+
+def check_options(args):
+    """Eager checks of the common options, quoting the value given; ``ValueError`` naming it."""
+    eps = getattr(args, "epsilon", None)
+    if eps is not None and not (eps > 0 and eps != float("inf")):
+        raise ValueError(f"--epsilon must be a finite number > 0 (the job's total privacy "
+                         f"budget), got {eps:g}")
+    frac = args.max_invalid_fraction
+    if not 0 <= frac <= 1:
+        raise ValueError(f"--max-invalid-fraction must be in [0, 1], got {frac:g}")
+    if args.days is not None and args.days < 1:
+        raise ValueError(f"--days must be at least 1, got {args.days}")
+    return args

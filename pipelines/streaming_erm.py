@@ -39,29 +39,31 @@ its first ``--days`` days), not the span of the flights. Defaults for one
 year (~327k labelled flights):
 
 - b0 = w0 = 8,192 flights (about 9 days): about 40 releases per stream. Each
-  release's noise scales as 1/(λ·b0·ε): at ε = 1 the continual stream is
-  about 1 accuracy point below the non-private model at b0 = 8,192 and about
-  2.5 points below at 4,096; 16,384 gains half a point but releases only ~20
-  times a year (``docs/erm_accuracy.md``).
+  release's noise scales as 1/(λ·b0·ε): at ε = 1 per stream the continual
+  stream is about 1 accuracy point below the non-private model at b0 = 8,192
+  and about 2.5 points below at 4,096; 16,384 gains half a point but releases
+  only ~20 times a year (``docs/erm_accuracy.md``).
 - continual (cumulative) stream: base models on all data at t = 2^k·B with
   B = 2·b0 (first release after ~18 days, rather than the paper's B = 8·b0,
   i.e. after ~2.4 months), doubling and single updates in between.
 - sliding window: W = 7 blocks (w = 57,344 flights, about two months; the
   paper's w = 7·w0), first release once the window is full.
-- λ = 0.03 (regulariser λ‖θ − θ_ref‖²): at ε = 1 the noise (∝ 1/λ) no
-  longer dominates, while the non-private model loses less than 1 point
+- λ = 0.03 (regulariser λ‖θ − θ_ref‖²): at ε = 1 per stream the noise
+  (∝ 1/λ) no longer dominates, while the non-private model loses less than 1 point
   against λ = 0.01. Both defaults were picked from the sweeps of
   ``benchmarks/erm_accuracy.py`` on this same data, which a deployment on
   private data could not do for free.
 
 Privacy (event level, *replace one flight*; the number of flights is public
-because blocks are count-triggered): ``ContinualERM(epsilon=ε)`` costs ε per
-flight (ε/2 for the base models, a geometric series over scales, plus ε/2 for
-the doubling and single updates, Thm 4); ``SlidingWindowERM(epsilon=ε)`` costs
-at most ε (ε/3 base + < ε/3 as a right bucket + < ε/3 as a left bucket; the
-exact maximum for W = 7 is 7/12·ε, charged as ε). Both read every flight, so
-they compose sequentially: **2ε in total**, 2.0 at the default ε = 1 per
-stream, which is the budget ``CombineAccounting`` checks at construction.
+because blocks are count-triggered). ``--epsilon`` is the job's **total**
+budget, as in every job (default 2): each of the two streams gets half, ε/2.
+``ContinualERM(epsilon=ε/2)`` costs ε/2 per flight (half of it for the base
+models, a geometric series over scales, half for the doubling and single
+updates, Thm 4); ``SlidingWindowERM(epsilon=ε/2)`` costs at most ε/2 (a
+third base + < a third as a right bucket + < a third as a left bucket; the
+exact maximum for W = 7 is 7/12 of it, charged in full). Both read every
+flight, so they compose sequentially to ε, the budget ``CombineAccounting``
+checks at construction.
 
 Outputs, under ``--output``:
 
@@ -75,8 +77,8 @@ Outputs, under ``--output``:
   from the public demo data after the run; the private models enter only as
   post-processing.
 
-Run ``python -m pipelines.streaming_erm --output out/erm`` (two to three
-minutes on two cores, half a minute of it the non-private references) or ``dp-beam run streaming_erm --output out/erm``;
+Run ``python -m pipelines.streaming_erm --output out/erm`` or ``dp-beam run
+streaming_erm --output out/erm`` (the README states the measured time);
 ``--days N`` runs on the first N days with a block size scaled to keep about
 40 blocks (override with ``--block-size``). Unrecognised flags are passed to
 Beam. ``--seed`` is for tests only: with it every step restores the
@@ -88,6 +90,7 @@ import json
 import logging
 import math
 import os
+import sys
 import time
 from collections import defaultdict
 from datetime import datetime, timedelta, timezone
@@ -99,8 +102,9 @@ from apache_beam.options.pipeline_options import PipelineOptions
 
 import dp_beam as dpb
 from dp_beam.mechanisms import erm as erm_mech
-from pipelines.jobs import (LogProgress, job_parser, join_path, output_dir, print_dead_letters_and_budget,
-                           plan_only, read_jsonl, release_period, run)
+from pipelines.jobs import (LogProgress, check_options, job_parser, join_path, output_dir,
+                           plan_only, print_dead_letters_and_budget, read_jsonl, release_period,
+                           run)
 from pipelines.flights import flights_csv_path, load_delay_flights
 
 STEP = timedelta(days=1)
@@ -126,7 +130,8 @@ BLOCK_SIZE = 8192
 BASE_BLOCKS = 2
 WINDOW_BLOCKS = 7
 LAM = 0.03
-EPSILON = 1.0
+#: The job's total event-level budget; each of the two streams gets half.
+EPSILON = 2.0
 # About 40 blocks in a run, as the default b0 gives the full year.
 _FLIGHTS_PER_DAY = 327_346 / 365
 _BLOCKS_PER_RUN = 40
@@ -209,11 +214,6 @@ def read_flights(path, limit_days=None):
     return load_delay_flights(limit_days=limit_days, path=path)
 
 
-def _describe_model(record):
-    end = datetime.fromtimestamp(record.window_end, tz=timezone.utc)
-    return f"{record.transform!r} {record.kind} model at t={record.t} (step ending {end:%Y-%m-%d})"
-
-
 def _build(p, config, output_dir):
     """Adds the job to ``p``; returns (paths, {label: accounting}, budget)."""
     # Read inside the pipeline, as a job reads its source (an in-memory
@@ -225,25 +225,25 @@ def _build(p, config, output_dir):
               | "progress events" >> beam.ParDo(LogProgress("flights read", logger=_LOG.name)))
     # The schedule is declared (job options), never taken from the flights.
     start, end = release_period(config)
+    # Both streams read every flight: their costs add up (sequential
+    # composition), so half the total budget each keeps the total at epsilon.
     common = dict(features_fn=flight_features, label_fn=arrived_late, classes=CLASSES,
                   n_features=N_FEATURES, feature_bound=FEATURE_BOUND, lam=config.lam,
-                  epsilon=config.epsilon, block_size=config.block_size, step=STEP,
+                  epsilon=config.epsilon / 2, block_size=config.block_size, step=STEP,
                   start=start, end=end, id_fn=lambda f: f["id"], rng=config.seed)
     continual = events | CONTINUAL_LABEL >> dpb.ContinualERM(
         base_size=config.base_blocks * config.block_size, **common)
     sliding = events | SLIDING_LABEL >> dpb.SlidingWindowERM(
         window=config.window_blocks * config.block_size, **common)
-    # Both streams read every flight: their costs add up (sequential composition).
-    budget = dpb.Budget(epsilon=config.budget)
+    budget = dpb.Budget(epsilon=config.epsilon)
     accountings = {CONTINUAL_LABEL: continual.accounting, SLIDING_LABEL: sliding.accounting}
     report = ((continual.accounting, sliding.accounting)
               | "check budget" >> dpb.CombineAccounting(budget))
 
     paths = {name: join_path(output_dir, f"{name}.jsonl")
              for name in ("models", "ledger", "report", "invalid")}
-    models = ((continual.releases, sliding.releases) | "merge models" >> beam.Flatten()
-              | "progress models" >> beam.ParDo(
-                  LogProgress("models released", _describe_model, logger=_LOG.name)))
+    # Models released are logged by the transforms themselves (dp_beam.progress).
+    models = (continual.releases, sliding.releases) | "merge models" >> beam.Flatten()
     models | "write models" >> dpb.io.WriteReleases(paths["models"])
     ((continual.accounting, sliding.accounting) | "merge ledger" >> beam.Flatten()
      | "write ledger" >> dpb.io.WriteLedger(paths["ledger"]))
@@ -291,7 +291,17 @@ def next_block_accuracy(models, X, y, lam, block_size):
 
 
 def plot_accuracy(rows, ts, out_png, title):
-    """Accuracy on the next block vs the time of release, one panel per stream."""
+    """Accuracy on the next block vs the time of release, one panel per stream; returns the path."""
+    import matplotlib.pyplot as plt
+
+    fig = accuracy_figure(rows, ts, title)
+    fig.savefig(out_png, dpi=110)
+    plt.close(fig)
+    return out_png
+
+
+def accuracy_figure(rows, ts, title):
+    """The figure of :func:`plot_accuracy`: legends beside the panels, an x label at the bottom."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -302,7 +312,7 @@ def plot_accuracy(rows, ts, out_png, title):
     for r in rows:
         by[r["transform"]].append(r)
     labels = [lab for lab in (CONTINUAL_LABEL, SLIDING_LABEL) if lab in by] or sorted(by)
-    fig, axes = plt.subplots(len(labels) or 1, 1, figsize=(10, 3.4 * max(1, len(labels))),
+    fig, axes = plt.subplots(len(labels) or 1, 1, figsize=(13, 3.4 * max(1, len(labels))),
                              sharex=True, squeeze=False)
     for ax, label in zip(axes[:, 0], labels):
         rs = by[label]
@@ -317,18 +327,19 @@ def plot_accuracy(rows, ts, out_png, title):
         ax.set_title(label)
         ax.set_ylabel("accuracy on the next block")
         ax.grid(True, alpha=0.3)
-        ax.legend(fontsize=8, loc="lower left")
+        # Beside the axes, not on them: the points fill the whole panel.
+        ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
         locator = mdates.AutoDateLocator(minticks=3, maxticks=8)
         ax.xaxis.set_major_locator(locator)
         ax.xaxis.set_major_formatter(mdates.ConciseDateFormatter(locator))
+    axes[-1, 0].set_xlabel("scheduled departure of the last flight the model was trained on "
+                           "(UTC)")
     if not rows:
         axes[0, 0].text(0.5, 0.5, "no model has a complete next block", ha="center",
                         transform=axes[0, 0].transAxes)
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
-    fig.savefig(out_png, dpi=110)
-    plt.close(fig)
-    return out_png
+    return fig
 
 
 # ------------------------------------------------------------------ command line
@@ -336,9 +347,9 @@ def plot_accuracy(rows, ts, out_png, title):
 def make_parser():
     parser = job_parser("streaming_erm", __doc__.split("\n\n")[0])
     parser.add_argument("--epsilon", type=float, default=EPSILON,
-                        help="privacy parameter of EACH stream (event level); default 1")
-    parser.add_argument("--budget", type=float, default=None,
-                        help="event-level budget the two streams must fit (default 2·epsilon)")
+                        help="total privacy budget (event level, replace one flight; default "
+                             f"{EPSILON:g}); the continual and the sliding-window stream each "
+                             "get half, and compose sequentially to it")
     parser.add_argument("--lam", type=float, default=LAM, help="regularisation λ")
     parser.add_argument("--block-size", "--block_size", dest="block_size", type=int,
                         default=None, help="b0 = w0 in flights (default 8192 for the year, "
@@ -354,10 +365,9 @@ def make_parser():
 
 def parse_args(argv):
     args, beam_args = make_parser().parse_known_args(argv)
+    check_options(args)
     if args.block_size is None:
         args.block_size = default_block_size(args.days)
-    if args.budget is None:
-        args.budget = 2 * args.epsilon
     return args, beam_args
 
 
@@ -405,12 +415,15 @@ def main(argv=None):
     args, beam_args = parse_args(argv)
     start = time.perf_counter()
     p, paths, _, _ = _construct(args, beam_args)
-    _LOG.info("streaming_erm: b0=%d, B=%d blocks, window=%d blocks, λ=%g, ε=%g per stream",
-              args.block_size, args.base_blocks, args.window_blocks, args.lam, args.epsilon)
-    if run(p, "streaming_erm", args.runner, paths, args.no_wait, _LOG) is None:
+    _LOG.info("streaming_erm: b0=%d, B=%d blocks, window=%d blocks, λ=%g, ε=%g in total "
+              "(%g per stream)", args.block_size, args.base_blocks, args.window_blocks, args.lam,
+              args.epsilon, args.epsilon / 2)
+    finished = run(p, "streaming_erm", args.runner, paths, args.no_wait, _LOG)
+    if finished is None:
         return paths
     if "://" in paths["models"] or args.no_plot:
         summarise(paths, time.perf_counter() - start, None)
+        finished.check_invalid(args.max_invalid_fraction)
         return paths
 
     flights = load_delay_flights(limit_days=args.days)
@@ -422,16 +435,17 @@ def main(argv=None):
         for r in rows:
             fh.write(json.dumps(r) + "\n")
     title = (f"Arrival > {LATE_MINUTES} min late: accuracy on the next {args.block_size} "
-             f"flights (ε = {args.epsilon:g} per stream, λ = {args.lam:g}, "
+             f"flights (ε = {args.epsilon / 2:g} per stream, {args.epsilon:g} in total, "
+             f"λ = {args.lam:g}, "
              f"B = {args.base_blocks}·b0, window = {args.window_blocks}·b0)")
     paths["plot"] = plot_accuracy(rows, ts, os.path.join(output_dir, "streaming_erm.png"), title)
     summarise(paths, time.perf_counter() - start, len(flights), rows)
     print(f"plot: {paths['plot']}")
+    finished.check_invalid(args.max_invalid_fraction)
     return paths
 
 
 if __name__ == "__main__":
-    from dp_beam.cli import configure_logging
+    from dp_beam.cli import job_main
 
-    configure_logging(0)
-    main()
+    sys.exit(job_main(main, "streaming_erm"))

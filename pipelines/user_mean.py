@@ -30,16 +30,17 @@ Unrecognised flags are passed to Beam (``--runner PortableRunner ...``);
 
 import logging
 import os
+import sys
 from collections import defaultdict
-from datetime import datetime, timedelta, timezone
+from datetime import timedelta
 
 import apache_beam as beam
 from apache_beam.options.pipeline_options import PipelineOptions
 
 import dp_beam as dpb
 from pipelines.continual_count import departure_time, read_flights, step_range, summarise
-from pipelines.jobs import (LogProgress, job_parser, join_path, output_dir, plan_only, read_jsonl,
-                            release_period, run)
+from pipelines.jobs import (LogProgress, check_options, job_parser, join_path, output_dir,
+                            plan_only, read_jsonl, release_period, run)
 from pipelines.flights import PERIOD_START, flights_csv_path, load_flights, period_end
 
 STEP = timedelta(days=1)
@@ -59,11 +60,6 @@ def aircraft(event):
 
 def delay_minutes(event):
     return event["dep_delay"]
-
-
-def _describe_release(release):
-    end = datetime.fromtimestamp(release.window_end, tz=timezone.utc)
-    return f"day {release.step} ending {end:%Y-%m-%d} UTC: {release.value:.2f} ± {release.ci95:.2f}"
 
 
 def _build(p, epsilon, output_dir, limit_days=None, seed=None, start=None, end=None):
@@ -86,9 +82,8 @@ def _build(p, epsilon, output_dir, limit_days=None, seed=None, start=None, end=N
 
     paths = {name: join_path(output_dir, f"{name}.jsonl")
              for name in ("releases", "ledger", "report", "invalid")}
-    releases = mean.releases | "progress releases" >> beam.ParDo(
-        LogProgress("days released", _describe_release, logger=_LOG.name))
-    for name, pcoll in (("releases", releases), ("ledger", mean.accounting),
+    # Releases are logged by the transform itself (dp_beam.progress).
+    for name, pcoll in (("releases", mean.releases), ("ledger", mean.accounting),
                         ("report", report), ("invalid", mean.invalid)):
         pcoll | f"write {name}" >> dpb.io.WriteJsonLines(paths[name])
     return paths, {LABEL: mean.accounting}, budget
@@ -142,63 +137,39 @@ def running_truth(flights, step_seconds=int(STEP.total_seconds()), start=None, e
 def plot_mean(releases, out_png, truth=None, title=""):
     """The private running mean with its 95 % band (and ``truth``, if given) over time.
 
-    ``releases`` are release dicts (``MeanRelease`` as JSON) of one stream.
+    ``releases`` are release dicts (``MeanRelease`` as JSON) of one stream,
+    drawn by :func:`dp_beam.report.plot_series` (the report's own drawing).
     The vertical range is the clamping range [lower, upper]: the first
     days' bands are far wider and would flatten the rest. Days whose
     diversity flag is false (the accuracy guarantee does not apply to them)
     are shaded. Returns the path written.
     """
-    import matplotlib
+    from dp_beam.report import plot_series, series_of
 
-    matplotlib.use("Agg")  # no display needed
-    import matplotlib.dates as mdates
-    import matplotlib.pyplot as plt
-
-    recs = sorted(releases, key=lambda r: r["step"])
-    if not recs:
+    streams = series_of(releases)
+    if not streams:
         raise ValueError("no releases to plot")
-    x = [datetime.fromtimestamp(r["window_end"], tz=timezone.utc) for r in recs]
-    value = [r["value"] for r in recs]
-    lo = [r["value"] - r["ci95"] for r in recs]
-    hi = [r["value"] + r["ci95"] for r in recs]
-    fig, ax = plt.subplots(figsize=(11, 4.2))
-    ax.fill_between(x, lo, hi, step="post", color="tab:blue", alpha=0.25, linewidth=0,
-                    label=f"95 % band (± {recs[-1]['ci95']:.3g} min at the last day)")
-    ax.step(x, value, where="post", color="tab:blue", linewidth=1.2,
-            label=f"private running mean ({recs[-1]['mechanism']})")
-    if truth:
-        tx = [datetime.fromtimestamp(t, tz=timezone.utc) for t, _ in truth]
-        ax.step(tx, [v for _, v in truth], where="post", color="black", linewidth=0.9,
-                linestyle="--", label="non-private running mean (public demo data)")
-    for xi, xe, r in zip(x, x[1:] + [x[-1]], recs):
-        if not r.get("diverse", True):
-            ax.axvspan(xi, xe, color="0.85", linewidth=0)
-    ax.set_ylim(DELAY_LOWER, DELAY_UPPER)
-    ax.set_ylabel("minutes")
-    locator = mdates.AutoDateLocator(minticks=3, maxticks=8)
-    ax.xaxis.set_major_locator(locator)
-    ax.xaxis.set_major_formatter(mdates.ConciseDateFormatter(locator))
-    ax.set_xlabel("end of day (UTC); grey: days whose diversity flag is false")
-    ax.set_title(title, fontsize=10)
-    ax.grid(True, alpha=0.3)
-    ax.legend(loc="upper right", fontsize=8)
-    fig.tight_layout()
-    fig.savefig(out_png, dpi=120)
-    plt.close(fig)
+    labels = {t for t, _ in streams}
+    plot_series(streams, out_png, truth={t: truth for t in labels} if truth else None,
+                titles={t: title for t in labels}, bounds={t: (DELAY_LOWER, DELAY_UPPER)
+                                                           for t in labels},
+                ylabels={t: "mean departure delay so far (minutes)" for t in labels}, dpi=110)
     return out_png
 
 
 def make_parser():
     parser = job_parser("user_mean", __doc__.split("\n\n")[0])
     parser.add_argument("--epsilon", type=float, default=1.0,
-                        help="privacy budget per aircraft over the whole run")
+                        help="total privacy budget (user level: per aircraft over the whole "
+                             "run, default 1); the job's one transform spends all of it")
     parser.add_argument("--truth", action="store_true",
                         help="also plot the non-private running mean (public demo data only)")
     return parser
 
 
 def parse_args(argv):
-    return make_parser().parse_known_args(argv)
+    args, beam_args = make_parser().parse_known_args(argv)
+    return check_options(args), beam_args
 
 
 def _construct(args, beam_args, create_output=True):
@@ -219,10 +190,10 @@ def build_pipeline(argv):
 def main(argv=None):
     args, beam_args = parse_args(argv)
     p, paths, _, _ = _construct(args, beam_args)
-    elapsed = run(p, "user_mean", args.runner, paths, args.no_wait, _LOG)
-    if elapsed is None:
+    finished = run(p, "user_mean", args.runner, paths, args.no_wait, _LOG)
+    if finished is None:
         return paths
-    summarise(paths, elapsed)
+    summarise(paths, finished.elapsed)
     releases = read_jsonl(paths["releases"])
     truth = (running_truth(load_flights(limit_days=args.days), int(STEP.total_seconds()),
                            *release_period(args)) if args.truth else None)
@@ -235,6 +206,7 @@ def main(argv=None):
         print(line)
     if "://" in paths["releases"]:
         print("plot: skipped for a remote output; render it with `dp-beam report`")
+        finished.check_invalid(args.max_invalid_fraction)
         return paths
     title = (f"Running mean departure delay per flight, clamped to [{DELAY_LOWER}, "
              f"{DELAY_UPPER}] min, daily releases, ε = {args.epsilon:g} per aircraft "
@@ -242,11 +214,11 @@ def main(argv=None):
     png = plot_mean(releases, os.path.join(os.path.dirname(paths["releases"]), "user_mean.png"),
                     truth=truth, title=title)
     print(f"plot: {png}")
+    finished.check_invalid(args.max_invalid_fraction)
     return paths
 
 
 if __name__ == "__main__":
-    from dp_beam.cli import configure_logging
+    from dp_beam.cli import job_main
 
-    configure_logging(0)
-    main()
+    sys.exit(job_main(main, "user_mean"))

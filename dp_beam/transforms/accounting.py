@@ -10,11 +10,14 @@ them, see :func:`dp_beam.accounting.compose`), re-emitted
 follows its activity; the last report of a batch run is the final one.
 """
 
+import warnings
+
 import apache_beam as beam
 from apache_beam.transforms import trigger
 from apache_beam.transforms.window import GlobalWindows
 
 from dp_beam.accounting import Budget, check_budget, compose
+from dp_beam.accounting.compose import group_size, per_transform
 from dp_beam.accounting.costs import scale
 from dp_beam.transforms.release import PLAN_ATTRIBUTE
 
@@ -54,12 +57,28 @@ def plan(pcolls, budget=None, events_per_user=None):
     bound under it (e.g. a ``neighbours="values"`` mean beside an add/remove
     count under an add/remove budget).
     ``events_per_user`` declares how many events a user may have in the input
-    of event-level transforms, for the user-level total (group privacy).
+    of event-level transforms, for the user-level total (group privacy);
+    without it, the largest per-user cap of the user-level transforms
+    (``max_contributions``, a mean's ``max_samples_per_user``) is taken.
+    A plan whose user-level total stays unbounded is refused with a budget
+    (``ValueError`` naming the transforms and ``events_per_user``) and
+    warned about without one (:class:`UnboundedUserLevelWarning`).
     """
     entries = plan_entries(pcolls)
     if budget is None:
-        return compose(entries, events_per_user=events_per_user)
+        reports = compose(entries, events_per_user=events_per_user)
+        unbounded = [r for r in reports if r.unit == "user" and r.epsilon is None
+                     and group_size(per_transform(entries).values(), events_per_user) is None]
+        if unbounded:
+            warnings.warn(f"{unbounded[0].note}: the plan states no user-level guarantee. "
+                          "Declare events_per_user=N (the most events one user has) to bound "
+                          "it", UnboundedUserLevelWarning, stacklevel=2)
+        return reports
     return check_budget(entries, budget, events_per_user)
+
+
+class UnboundedUserLevelWarning(UserWarning):
+    """A plan mixes user-level and event-level transforms with no per-user event bound."""
 
 
 def scale_entry(entry, k):
@@ -130,6 +149,14 @@ class CombineAccounting(beam.PTransform):
     checked under its own relation (``Budget(relation=...)``). The planned
     reports are available as ``.planned`` after application, or from
     :func:`plan`.
+
+    The budget applies to every privacy unit of the plan. A plan with
+    user-level and event-level transforms counts the event-level ones by
+    group privacy over ``events_per_user`` events per user (default: the
+    largest per-user cap of the user-level transforms, ``max_contributions``
+    or a mean's ``max_samples_per_user``); a plan where neither bounds it is
+    refused at construction (``ValueError`` naming the transforms and
+    ``events_per_user``) instead of running with an unbounded user-level total.
 
     >>> import dp_beam as dpb
     >>> dpb.CombineAccounting(dpb.Budget(epsilon=1.0)).budget

@@ -9,7 +9,9 @@
 # FLINK_MASTER. Python user code runs in SDK workers: with
 # --environment_type=EXTERNAL, start one worker pool per task manager first:
 #   python -m apache_beam.runners.worker.worker_pool_main --service_port=50000
-# (the same venv as this script, with `pip install '.[demo]'`); or use
+# (the same venv as this script, with `pip install '.[demo]'`, started from the
+# repository root: the workers import the job's functions from pipelines/,
+# which is not installed with the package); or use
 # --environment_type=DOCKER --environment_config=apache/beam_python3.11_sdk:2.77.0
 # with an image that also has this package installed (templates/Dockerfile).
 set -euo pipefail

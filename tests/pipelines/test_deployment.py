@@ -65,7 +65,8 @@ def beam_unknown(beam_args, extra_args_fn=None):
 # ---------------------------------------------------------------- Dataflow Flex Template
 
 SAMPLES = {"GCS_WRITE_FOLDER": "gs://bucket/dp-beam/run-1", "NUMBER": "3", "TEXT": "x"}
-NOT_TEMPLATE_PARAMETERS = {"truth", "runner", "seed", "no_wait"}  # local/test-only options
+# Local/test-only options; the invalid-share check runs after waiting, which a template does not.
+NOT_TEMPLATE_PARAMETERS = {"truth", "runner", "seed", "no_wait", "max_invalid_fraction"}
 # Parameters whose sample must be a value of their own kind.
 NAMED_SAMPLES = {"start": "2013-01-01T00:00:00-05:00", "end": "2013-01-02T00:00:00-05:00"}
 

@@ -180,12 +180,18 @@ def test_default_block_size_keeps_about_forty_blocks():
     assert job.default_block_size(30) == 512
 
 
-def test_plan_composes_both_streams_within_a_budget_of_two_epsilon():
+def test_epsilon_is_the_total_budget_split_over_both_streams():
+    from dp_beam.transforms.accounting import plan_entries
+
     _, accountings, budget = job.build_pipeline(["--days", "3"])
     assert set(accountings) == set(LABELS)
     assert budget.epsilon == pytest.approx(2.0)
-    with pytest.raises(ValueError, match="budget|exceed"):
-        job.build_pipeline(["--days", "3", "--budget", "1.5"])
+    _, accountings, budget = job.build_pipeline(["--days", "3", "--epsilon", "1.5"])
+    assert budget.epsilon == 1.5
+    charges = {e.transform: e.epsilon for e in plan_entries(list(accountings.values()))}
+    assert charges == {label: pytest.approx(0.75) for label in LABELS}
+    assert "--budget" not in job.make_parser().format_help()
+    assert "total privacy budget" in job.make_parser().format_help()
 
 
 def test_the_cli_finds_the_job():

@@ -103,7 +103,9 @@ def test_runtime_ledger_never_exceeds_the_plan_for_every_transform_type():
         accounting = {name: r.accounting for name, r in results.items()}
         # The ERM streams are private for replacing one event (count-triggered
         # blocks): the budget that can hold them all is stated for "replace".
-        combine = dpb.CombineAccounting(dpb.Budget(epsilon=10.0, delta=1e-6, relation="replace"))
+        # The user-level total counts the event-level transforms over the
+        # mean's 8 samples per user, the largest per-user cap of the plan.
+        combine = dpb.CombineAccounting(dpb.Budget(epsilon=30.0, delta=1e-6, relation="replace"))
         holder["combine"] = combine
         holder["plan"] = per_transform(plan_entries(accounting))
         return {"report": accounting | combine,
@@ -117,7 +119,8 @@ def test_runtime_ledger_never_exceeds_the_plan_for_every_transform_type():
         assert planned[unit, "add/remove"].epsilon is None
         assert "erm" in planned[unit, "add/remove"].note
         assert planned[unit, "replace"].within_budget
-        assert planned[unit, "replace"].budget_epsilon == 10.0
+        assert planned[unit, "replace"].budget_epsilon == 30.0
+    assert "over at most 8 events per user" in planned["user", "replace"].note
     seen = set()
     for r in out["report"]:
         plan = planned[r.unit, r.relation]
