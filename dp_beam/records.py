@@ -7,7 +7,10 @@ are epoch seconds. The schemas are part of the public contract (DESIGN.md
 meaning changes.
 """
 
+import hashlib
+import json
 import math
+import re
 from typing import Any, NamedTuple, Optional
 
 SCHEMA_VERSION = 2
@@ -117,17 +120,82 @@ class InvalidElement(NamedTuple):
 
     ``count`` is the number of input events the record stands for: 1 for a
     rejected element; more for a late aggregate dropped under ``late="drop"``
-    (its events were already combined when the lateness became known). Over a
+    (its events were already combined when the lateness became known) and
+    for the events of one user beyond a contribution cap, which are
+    aggregated into one record per user, reason and step (``element`` then
+    holds the user, the step, and one of the events as an example). Over a
     whole run, input events = events used + sum of ``count`` over ``.invalid``.
 
-    >>> bad = InvalidElement("delay", "value is NaN", {"dep_delay": float("nan")})
-    >>> to_json(bad)["element"], bad.count
-    ({'dep_delay': 'nan'}, 1)
+    ``id`` identifies the dead letter for de-duplication (a sink retried
+    after a failure writes its records again): a hash of the transform
+    label, the reason, a canonical encoding of ``element``, its event time
+    and ``count``, so a retried or replayed bundle gives the same id. Build
+    records with :meth:`of` to get it. Two identical elements with the same
+    event time rejected by one transform share an id: keep duplicates of an
+    id when counting, de-duplicate only lines written twice.
+
+    >>> bad = InvalidElement.of("delay", "value is NaN", {"dep_delay": float("nan")}, 3600.0)
+    >>> to_json(bad)["element"], bad.count, len(bad.id)
+    ({'dep_delay': 'nan'}, 1, 32)
+    >>> bad.id == InvalidElement.of("delay", "value is NaN", {"dep_delay": float("nan")}, 3600.0).id
+    True
     """
     transform: str
     reason: str
     element: Any
     count: int = 1
+    id: str = ""
+
+    @classmethod
+    def of(cls, transform, reason, element, timestamp=None, count=1):
+        """The record with its stable :attr:`id` (``timestamp``: event time in seconds or ``None``)."""
+        return cls(transform, reason, element, count,
+                   invalid_id(transform, reason, element, timestamp, count))
+
+
+_ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
+
+
+def _canonical(value, depth=0):
+    """A JSON-serialisable form of ``value`` that is the same in every process: dicts and
+    sets sorted, no memory addresses, floats as exact strings (for :func:`invalid_id`)."""
+    if depth > 32:
+        return "<deep>"
+    if value is None or isinstance(value, (bool, int, str)):
+        return value
+    if isinstance(value, float):
+        return {"float": repr(value)}
+    if isinstance(value, (bytes, bytearray)):
+        return {"bytes": bytes(value).hex()}
+    if isinstance(value, dict):
+        items = [[_canonical(k, depth + 1), _canonical(v, depth + 1)] for k, v in value.items()]
+        return {"dict": sorted(items, key=lambda kv: json.dumps(kv[0], sort_keys=True))}
+    if isinstance(value, (set, frozenset)):
+        items = [_canonical(v, depth + 1) for v in value]
+        return {"set": sorted(items, key=lambda v: json.dumps(v, sort_keys=True))}
+    if isinstance(value, (list, tuple)):
+        return [_canonical(v, depth + 1) for v in value]
+    if hasattr(value, "tolist"):  # numpy scalars and arrays
+        return _canonical(value.tolist(), depth + 1)
+    text = repr(value)
+    if _ADDRESS.search(text):
+        # A default repr: the object's fields say what it is, its address nothing.
+        t = type(value)
+        fields = getattr(value, "__dict__", None)
+        if fields is None:
+            slots = [s for c in t.__mro__ for s in getattr(c, "__slots__", ())]
+            fields = {s: getattr(value, s) for s in slots if hasattr(value, s)}
+        return {"object": f"{t.__module__}.{t.__qualname__}",
+                "fields": _canonical(dict(fields), depth + 1)}
+    return {"repr": f"{type(value).__qualname__}:{text}"}
+
+
+def invalid_id(transform, reason, element, timestamp=None, count=1) -> str:
+    """The stable id of a dead letter (:attr:`InvalidElement.id`): 32 hex digits."""
+    payload = json.dumps([transform, reason, _canonical(element),
+                          None if timestamp is None else repr(float(timestamp)), count],
+                         sort_keys=True, ensure_ascii=True)
+    return hashlib.sha256(payload.encode("ascii")).hexdigest()[:32]
 
 
 def _jsonable(value):

@@ -12,7 +12,9 @@ record is never dropped for arriving late — which a windowed file sink does to
 the releases a stream emits after its watermark reached the end of time (a
 drained job, the end of a test stream). A bundle that fails after writing and
 is retried writes its records again under another name: delivery is at least
-once, and ``(transform, key, step)`` identifies a release for de-duplication.
+once, and ``(transform, key, step)`` identifies a release for de-duplication,
+``id`` a dead letter (:class:`~dp_beam.records.InvalidElement`: a stable hash of
+the transform, reason, element and event time, written in every line).
 """
 
 import json

@@ -75,20 +75,19 @@ import datetime
 import hashlib
 import math
 import numbers
-from typing import Any, Tuple
 
 import apache_beam as beam
 from apache_beam.metrics import Metrics
-from apache_beam.transforms.window import FixedWindows, GlobalWindows
-from apache_beam.utils.timestamp import Duration
 
 from dp_beam.mechanisms import ZeroNoise
 from dp_beam.mechanisms import erm as erm_mech
 from dp_beam.records import LedgerEntry
 from dp_beam.records_erm import ModelRecord
-from dp_beam.transforms.continual import _StepOf
-from dp_beam.transforms.events import INVALID, NAMESPACE, ValidatingDoFn, as_real
+from dp_beam.transforms.continual import per_step
+from dp_beam.transforms.events import (INVALID, NAMESPACE, TRANSIENT_ERRORS, ValidatingDoFn,
+                                       as_real, check_transient_errors)
 from dp_beam.transforms.release import ReleaseSpec, key_label
+from dp_beam.transforms.stream_keys import KV
 from dp_beam.transforms.streams import (private_keys, release_streams, set_release_options,
                                         validation)
 
@@ -112,7 +111,10 @@ def _id_key(value, depth=0):
     if isinstance(value, numbers.Integral):
         return (0, int(value)), None
     if isinstance(value, numbers.Real):
-        v = float(value)
+        try:
+            v = float(value)
+        except (OverflowError, ValueError, TypeError, ArithmeticError):
+            return None, f"id_fn returned a number out of the float range ({type(value).__name__})"
         if not math.isfinite(v):
             return None, f"id_fn returned a non-finite number {v!r}"
         return (0, v), None
@@ -140,7 +142,7 @@ def _test_tiebreak(seed, ts, features, class_index):
     return int.from_bytes(hashlib.sha256(text).digest()[:8], "big")
 
 
-@beam.typehints.with_output_types(Tuple[Any, Any])
+@beam.typehints.with_output_types(KV)
 class _PreparePoints(ValidatingDoFn):
     """Extracts ``(key, (ts, (id, tiebreak), features, label))``; clips features; routes bad
     elements to ``invalid``.
@@ -162,8 +164,8 @@ class _PreparePoints(ValidatingDoFn):
 
     def __init__(self, transform, features_fn, label_fn, n_features, classes, feature_bound,
                  key_fn=None, timestamp_fn=None, schedule=None, keys=None, id_fn=None,
-                 reproducible=False, seed=None):
-        super().__init__(transform, key_fn, timestamp_fn, schedule, keys)
+                 reproducible=False, seed=None, transient_errors=TRANSIENT_ERRORS):
+        super().__init__(transform, key_fn, timestamp_fn, schedule, keys, transient_errors)
         self._features_fn, self._label_fn = features_fn, label_fn
         self._id_fn = id_fn
         self._d = n_features
@@ -177,7 +179,7 @@ class _PreparePoints(ValidatingDoFn):
     def process(self, element, timestamp=beam.DoFn.TimestampParam, declared=None):
         ts, key, err = self._time_and_key(element, timestamp, declared)
         if err:
-            yield self._reject(element, err)
+            yield self._reject(element, err, timestamp)
             return
         event_id = ()
         if self._id_fn is not None:
@@ -185,30 +187,35 @@ class _PreparePoints(ValidatingDoFn):
             if not err:
                 event_id, err = _id_key(raw_id)
             if err:
-                yield self._reject(element, err)
+                yield self._reject(element, err, timestamp)
                 return
         raw, err = self._call("features_fn", self._features_fn, element)
         if err:
-            yield self._reject(element, err)
+            yield self._reject(element, err, timestamp)
             return
         try:
             values = list(raw)
-        except TypeError:
-            yield self._reject(element, f"features_fn returned {type(raw).__name__}, not a sequence")
+        except self._transient:
+            raise
+        except Exception:  # not iterable, or its iteration fails: bad data
+            yield self._reject(
+                element, f"features_fn returned {type(raw).__name__}, not a sequence", timestamp)
             return
         if len(values) != self._d:
-            yield self._reject(element, f"features_fn returned {len(values)} values, expected {self._d}")
+            yield self._reject(
+                element, f"features_fn returned {len(values)} values, expected {self._d}",
+                timestamp)
             return
         features = []
         for v in values:
             x, err = as_real(v)
             if err:
-                yield self._reject(element, f"feature {err}")
+                yield self._reject(element, f"feature {err}", timestamp)
                 return
             features.append(x)
         label, err = self._call("label_fn", self._label_fn, element)
         if err:
-            yield self._reject(element, err)
+            yield self._reject(element, err, timestamp)
             return
         try:
             index = self._class_index.get(label)
@@ -216,7 +223,8 @@ class _PreparePoints(ValidatingDoFn):
             # Unhashable: the release could not look it up (an array label equal to a class).
             index = None
         if index is None:
-            yield self._reject(element, f"label {label!r} is not one of classes {self._classes!r}")
+            yield self._reject(
+                element, f"label {label!r:.80} is not one of classes {self._classes!r}", timestamp)
             return
         label = self._classes[index]
         # hypot does not overflow where the sum of squares would (a huge vector
@@ -351,8 +359,10 @@ class _ERMTransform(beam.PTransform):
                  block_size, step, *, start=None, end=None, key_fn=None, keys=None,
                  timestamp_fn=None, id_fn=None, fit_intercept=True,
                  noise="l2_laplace", delta=None, allowed_lateness=datetime.timedelta(days=1),
-                 late="defer", rng=None, noise_key=None, label=None, **stream_kwargs):
+                 late="defer", rng=None, noise_key=None, transient_errors=TRANSIENT_ERRORS,
+                 label=None, **stream_kwargs):
         super().__init__(label)
+        self._transient = check_transient_errors(transient_errors)
         for name, fn in (("features_fn", features_fn), ("label_fn", label_fn)):
             if not callable(fn):
                 raise ValueError(f"{name} must be callable, got {fn!r}")
@@ -406,20 +416,30 @@ class _ERMTransform(beam.PTransform):
             label, self._features_fn, self._label_fn, probe.loss.n_features, probe.loss.classes,
             probe.loss.feature_bound, self._key_fn, self._timestamp_fn, schedule, declared,
             id_fn=self._id_fn, reproducible=self._seed is not None,
-            seed=self._seed if isinstance(self._seed, int) else None),
+            seed=self._seed if isinstance(self._seed, int) else None,
+            transient_errors=self._transient),
             **side).with_outputs(INVALID, main="valid")
         invalids = [prepared[INVALID]]
-        aggregates = (prepared.valid
-                      | "StepWindows" >> beam.WindowInto(
-                          FixedWindows(self._step),
-                          allowed_lateness=Duration(micros=int(self._allowed_lateness * 1e6)))
-                      | "PerStep" >> beam.CombinePerKey(_CollectPoints())
-                      | "StepIndex" >> beam.ParDo(_StepOf(self._step_micros))
-                      | "Rewindow" >> beam.WindowInto(GlobalWindows()))
+        aggregates = per_step(prepared.valid, _CollectPoints(), self._step, self._step_micros,
+                              events.is_bounded)
         entry = self.plan_entry(label)
         spec = ERMReleaseSpec(label, self._step, self._stream_cls, self._args, entry,
                               self._noise_key)
         return release_streams(self, events, aggregates, spec, entry, invalids)
+
+
+#: Positional parameters of the public ERM transforms (passed positionally to the base).
+_POSITIONAL = frozenset(("self", "__class__", "features_fn", "label_fn", "classes", "n_features",
+                         "feature_bound", "lam", "epsilon", "block_size", "base_size", "window",
+                         "step"))
+
+
+def _keywords(arguments):
+    """A public ERM transform's keyword arguments, forwarded to :class:`_ERMTransform`.
+
+    The public classes spell out their signatures, so that a misspelled
+    keyword is reported against them and ``help()`` shows every option."""
+    return {k: v for k, v in arguments.items() if k not in _POSITIONAL}
 
 
 _COMMON_ARGS = """
@@ -444,7 +464,7 @@ _COMMON_ARGS = """
       keys: the public key set (an iterable or a bounded PCollection); points of
         other keys go to ``.invalid``. Private key selection is not offered:
         it is stated for add/remove neighbours, these streams for replace-one.
-      timestamp_fn: optional element → event time in epoch seconds.
+      timestamp_fn: optional element → event time, as ``ContinualCount``.
       id_fn: optional element → a public, immutable event id (an int, a
         finite float, a str, bytes or a tuple of these; other values go to
         ``.invalid``) that orders events with the same event time. Without
@@ -456,6 +476,12 @@ _COMMON_ARGS = """
         ε) or ``"gaussian"`` (needs ``delta``; ρ-zCDP).
       allowed_lateness, late: as ``ContinualCount``.
       noise_key: the secret key of every noise draw, as ``ContinualCount``.
+      transient_errors: exception types of the user functions re-raised for the
+        runner to retry the bundle, as ``ContinualCount``; every other
+        exception sends the element to ``.invalid``.
+      tol_fraction: the solver's tolerance as a fraction of the noise scale
+        (see :class:`dp_beam.mechanisms.erm.OutputPerturbation`).
+      label: the transform's label.
       rng: ``None`` (production noise from ``noise_key``); tests only: an int seed or a ``NoiseSource``
         (then ties without ``id_fn`` are broken by a hash of the seed and the
         point, so runs repeat; not private, like the test noise).
@@ -503,9 +529,12 @@ class ContinualERM(_ERMTransform):
     _stream_cls = erm_mech.ContinualERM
 
     def __init__(self, features_fn, label_fn, classes, n_features, feature_bound, lam, epsilon,
-                 block_size, base_size, step, **kwargs):
+                 block_size, base_size, step, *, start=None, end=None, key_fn=None, keys=None,
+                 timestamp_fn=None, id_fn=None, fit_intercept=True, noise="l2_laplace",
+                 delta=None, allowed_lateness=datetime.timedelta(days=1), late="defer", rng=None,
+                 noise_key=None, transient_errors=TRANSIENT_ERRORS, tol_fraction=0.5, label=None):
         super().__init__(features_fn, label_fn, classes, n_features, feature_bound, lam, epsilon,
-                         block_size, step, base_size=base_size, **kwargs)
+                         block_size, step, base_size=base_size, **_keywords(locals()))
 
 
 class SlidingWindowERM(_ERMTransform):
@@ -549,9 +578,13 @@ class SlidingWindowERM(_ERMTransform):
     _stream_cls = erm_mech.SlidingWindowERM
 
     def __init__(self, features_fn, label_fn, classes, n_features, feature_bound, lam, epsilon,
-                 block_size, window, step, *, window_policy="exact", **kwargs):
+                 block_size, window, step, *, window_policy="exact", start=None, end=None,
+                 key_fn=None, keys=None, timestamp_fn=None, id_fn=None, fit_intercept=True,
+                 noise="l2_laplace", delta=None, allowed_lateness=datetime.timedelta(days=1),
+                 late="defer", rng=None, noise_key=None, transient_errors=TRANSIENT_ERRORS,
+                 tol_fraction=0.5, label=None):
         super().__init__(features_fn, label_fn, classes, n_features, feature_bound, lam, epsilon,
-                         block_size, step, window=window, window_policy=window_policy, **kwargs)
+                         block_size, step, window=window, **_keywords(locals()))
 
 
 class MultiResolutionERM(_ERMTransform):
@@ -596,9 +629,12 @@ class MultiResolutionERM(_ERMTransform):
     _stream_cls = erm_mech.MultiResolutionERM
 
     def __init__(self, features_fn, label_fn, classes, n_features, feature_bound, lam, epsilon,
-                 block_size, step, *, max_scale=None, **kwargs):
+                 block_size, step, *, max_scale=None, start=None, end=None, key_fn=None,
+                 keys=None, timestamp_fn=None, id_fn=None, fit_intercept=True, noise="l2_laplace",
+                 delta=None, allowed_lateness=datetime.timedelta(days=1), late="defer", rng=None,
+                 noise_key=None, transient_errors=TRANSIENT_ERRORS, tol_fraction=0.5, label=None):
         super().__init__(features_fn, label_fn, classes, n_features, feature_bound, lam, epsilon,
-                         block_size, step, max_scale=max_scale, **kwargs)
+                         block_size, step, **_keywords(locals()))
 
 
 __all__ = ["ContinualERM", "SlidingWindowERM", "MultiResolutionERM", "ERMReleaseSpec", "ModelRecord"]

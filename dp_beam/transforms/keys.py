@@ -29,7 +29,6 @@ may still be admitted.
 """
 
 import math
-from typing import Any, Tuple
 
 import apache_beam as beam
 from apache_beam import pvalue
@@ -39,6 +38,7 @@ from dp_beam.records import KeyAdmitted, LedgerEntry
 from dp_beam.transforms.release import (ACCOUNTING, OrderedReleaseDoFn, ReleaseSpec)
 from dp_beam.transforms.events import INVALID
 from dp_beam.transforms.schedule import NotAdmitted, Schedule, StreamStart
+from dp_beam.transforms.stream_keys import KV
 
 __all__ = ["PrivateKeys", "UNITS", "select_keys"]
 
@@ -202,7 +202,8 @@ def select_keys(units, private_keys: PrivateKeys, schedule: Schedule, transform:
     if bounded:
         # Batch: one element per (key, step) instead of one per unit.
         counts = counts | "KeyUnitsPerStep" >> beam.CombinePerKey(sum)
-    per_step = counts | "KeyCounts" >> beam.Map(lambda kv: (kv[0][0], (kv[0][1], kv[1])))
+    per_step = counts | "KeyCounts" >> beam.Map(
+        lambda kv: (kv[0][0], (kv[0][1], kv[1]))).with_output_types(KV)
     decided = per_step | "SelectKeys" >> beam.ParDo(OrderedReleaseDoFn(
         spec, bounded=bounded, late="defer", seed=seed, end_step=schedule.end_step,
         opens="data", noise_key=noise_key)).with_outputs(_NOT_ADMITTED, ACCOUNTING, INVALID, main="admitted")
@@ -214,7 +215,7 @@ def select_keys(units, private_keys: PrivateKeys, schedule: Schedule, transform:
     return admitted, seeds, entry, accounting
 
 
-@beam.typehints.with_output_types(Tuple[Any, Any])
+@beam.typehints.with_output_types(KV)
 class EventUnits(beam.DoFn):
     """Event-level selection: every valid event is its own unit → ``(key, event time)``."""
 

@@ -64,7 +64,6 @@ import datetime
 import math
 import numbers
 import pickle
-from typing import Any, Tuple
 
 import apache_beam as beam
 import numpy as np
@@ -73,17 +72,20 @@ from apache_beam.coders import PickleCoder
 from apache_beam.metrics import Metrics
 from apache_beam.transforms.userstate import ReadModifyWriteStateSpec
 from apache_beam.transforms.window import FixedWindows, GlobalWindows
-from apache_beam.utils.timestamp import Duration, Timestamp
+from apache_beam.utils.timestamp import Timestamp
 
 from dp_beam.mechanisms.calibration import eps_from_rho_delta
 from dp_beam.mechanisms.continual_mean import (ContinualMeanCore, MeanAggregate, MeanParams,
                                                UserState, contribution, user_hash)
-from dp_beam.records import InvalidElement, LedgerEntry
+from dp_beam.records import LedgerEntry
 from dp_beam.records_mean import MeanRelease
-from dp_beam.transforms.continual import _StepOf
-from dp_beam.transforms.events import INVALID, NAMESPACE, ValidatingDoFn, as_real
+from dp_beam.transforms.continual import _StepEnd, _StepOf
+from dp_beam.transforms.events import (CAPPED, INVALID, NAMESPACE, TRANSIENT_ERRORS,
+                                       UNBOUNDED_LATENESS, CountCapped, ValidatingDoFn, as_real,
+                                       capped, check_transient_errors)
 from dp_beam.transforms.keys import UNITS
 from dp_beam.transforms.release import ReleaseSpec
+from dp_beam.transforms.stream_keys import KV
 from dp_beam.transforms.streams import (private_keys, release_streams, set_release_options,
                                         validation)
 
@@ -145,7 +147,7 @@ def resolve_bounds(lower, upper, dim=None):
     return lo_a, hi_a, dim
 
 
-@beam.typehints.with_output_types(Tuple[Any, Any])
+@beam.typehints.with_output_types(KV)
 class _PrepareMeanEvents(ValidatingDoFn):
     """Event time, key, user and value of each event → ``(user, (key, value, ts))`` at time ``ts``.
 
@@ -157,8 +159,8 @@ class _PrepareMeanEvents(ValidatingDoFn):
     """
 
     def __init__(self, transform, value_fn, user_fn, key_fn, timestamp_fn, lower, upper,
-                 schedule=None, keys=None):
-        super().__init__(transform, key_fn, timestamp_fn, schedule, keys)
+                 schedule=None, keys=None, transient_errors=TRANSIENT_ERRORS):
+        super().__init__(transform, key_fn, timestamp_fn, schedule, keys, transient_errors)
         self._value_fn = value_fn
         self._user_fn = user_fn
         self._lo = [float(v) for v in lower]
@@ -203,19 +205,19 @@ class _PrepareMeanEvents(ValidatingDoFn):
     def process(self, element, timestamp=beam.DoFn.TimestampParam, declared=None):
         ts, key, err = self._time_and_key(element, timestamp, declared)
         if err:
-            yield self._reject(element, err)
+            yield self._reject(element, err, timestamp)
             return
         user, err = self._user(element, self._user_fn)
         if err:
-            yield self._reject(element, err)
+            yield self._reject(element, err, timestamp)
             return
         raw, err = self._call("value_fn", self._value_fn, element)
         if err:
-            yield self._reject(element, err)
+            yield self._reject(element, err, timestamp)
             return
         value, err = self._value(raw)
         if err:
-            yield self._reject(element, err)
+            yield self._reject(element, err, timestamp)
             return
         yield beam.window.TimestampedValue((user, (key, value, ts)), ts)
 
@@ -226,7 +228,8 @@ class _UserStage(beam.DoFn):
     A user's streams map each key it keeps to ``[UserState, latest event
     time]``: the schedule's count, segment sum (d numbers), first step and
     hash. A key beyond the user's first ``max_keys``, or a sample beyond
-    ``max_samples_per_user`` in a key, goes to ``invalid``. A sample's
+    ``max_samples_per_user`` in a key, goes to ``capped`` (one ``invalid``
+    record per user, reason and step, :class:`CountCapped`). A sample's
     aggregate belongs to the step of the latest event time the user has shown
     in that key, so a released element never lands in a step before one of
     its own samples.
@@ -249,11 +252,11 @@ class _UserStage(beam.DoFn):
         self._lo0, self._r0 = float(self._lower[0]), float(self._range[0])
         self._scalar = self._params.dim == 1
 
-    def _reject(self, counter, reason, user, key, value):
+    def _reject(self, counter, reason, user, key, value, ts, by_key=False):
         counter.inc()
-        return pvalue.TaggedOutput(INVALID, InvalidElement(
-            self._transform, reason,
-            {"user": user, "key": key, "value": list(value) if isinstance(value, tuple) else value}))
+        return capped(reason, user, Timestamp.of(ts).micros // self._step_micros,
+                      {"key": key, "value": list(value) if isinstance(value, tuple) else value}, ts,
+                      key=by_key)
 
     def _consume(self, streams, user, key, value, ts):
         """``(aggregate, latest, step)`` of one event, updating ``streams``; or a rejection."""
@@ -262,13 +265,13 @@ class _UserStage(beam.DoFn):
             if len(streams) >= self._max_keys:
                 return self._reject(self._over_keys,
                                     f"max_keys_per_user ({self._max_keys}) exceeded for user",
-                                    user, key, value)
+                                    user, key, value, ts, by_key=True)
             entry = streams[key] = [UserState(uhash=user_hash(user)), None]
         ustate = entry[0]
         m = self._params.m
         if ustate.count >= m:
             return self._reject(self._over, f"max_samples_per_user ({m}) exceeded for user",
-                                user, key, value)
+                                user, key, value, ts)
         latest = ts if entry[1] is None else max(entry[1], ts)
         entry[1] = latest
         # The step of the event-time window Beam would assign (same microsecond rounding).
@@ -280,7 +283,7 @@ class _UserStage(beam.DoFn):
         return contribution(self._params, ustate, x, step=step), latest, step
 
 
-@beam.typehints.with_output_types(Tuple[Any, Any])
+@beam.typehints.with_output_types(KV)
 class _WithholdRelease(_UserStage):
     """Streaming per-user stage: ``(user, (key, value, ts))`` → ``(key, MeanAggregate)``.
 
@@ -309,7 +312,7 @@ class _WithholdRelease(_UserStage):
         yield beam.window.TimestampedValue((key, agg), latest)
 
 
-@beam.typehints.with_output_types(Tuple[Any, Any])
+@beam.typehints.with_output_types(KV)
 class _WithholdReleaseBatch(_UserStage):
     """Bounded per-user stage: ``(user, [(key, value, ts), ...])`` → ``((key, step), MeanAggregate)``.
 
@@ -344,20 +347,6 @@ class _WithholdReleaseBatch(_UserStage):
             pending[key] = [step, agg]
         for key, (step, agg) in pending.items():
             yield (key, step), agg
-
-
-@beam.typehints.with_output_types(Tuple[Any, Tuple[int, Any]])
-class _StepEnd(beam.DoFn):
-    """``((key, step), aggregate)`` → ``(key, (step, aggregate))`` stamped at the step's last
-    microsecond, where a windowed combine of the step would have put it."""
-
-    def __init__(self, step_micros):
-        self._step_micros = step_micros
-
-    def process(self, element):
-        (key, step), agg = element
-        yield beam.window.TimestampedValue(
-            (key, (step, agg)), Timestamp(micros=(step + 1) * self._step_micros - 1))
 
 
 class PackedSamples:
@@ -496,8 +485,88 @@ def _plain(x):
     return float(x)
 
 
+class _LoggedSamples(dict):
+    """The core's median sample store (``ContinualMeanCore.store``), its history in a
+    :class:`~dp_beam.transforms.release.BagLog`.
+
+    Holds this step's new samples; the samples of earlier steps are read
+    from the log only when the core iterates the store (the step where a
+    level activates and runs its private median, at most once per level).
+    """
+
+    def __init__(self, log, stored):
+        super().__init__()
+        self._log = log
+        self._stored = stored   # log entries 1..stored hold the earlier steps' samples
+        self.loaded = False
+
+    def new_samples(self):
+        """This step's samples as ``[(order key, index, x as a list)]`` (before any load)."""
+        return self._new if self.loaded else [
+            (key, i, x.tolist()) for key, samples in dict.items(self) for i, x in samples]
+
+    def items(self):
+        if not self.loaded:
+            self._new = self.new_samples()
+            self.clear()
+            for entry in self._log.read(0, self._stored) + [self._new]:
+                for key, i, x in entry:
+                    self.setdefault(key, []).append((i, np.asarray(x, dtype=np.float64)))
+            self.loaded = True
+        return super().items()
+
+
+class _MedianStoreInLog:
+    """A :class:`ContinualMeanCore` (``preset="paper"``) whose sample store lives in a log.
+
+    Algorithm 7's medians read each user's first samples, so the core keeps
+    them until every level is active: with ``preset="paper"`` that store
+    grew with the data (11 KB to 535 KB over 300 steps of 100 samples) and
+    was rewritten at every firing. Here each step's new samples are appended
+    once to the stream's append-only log (a ``BagState``), read back only at
+    an activation, and dropped when the store is (all levels active); the
+    rewritten state holds no samples.
+    """
+
+    def __init__(self, core, log, stored=0):
+        self.core = core
+        self._log = log
+        self._stored = stored
+
+    @property
+    def t(self):
+        return self.core.t
+
+    def step(self, agg=None):
+        core = self.core
+        live = core.store is not None and self._stored is not None
+        store = core.store = _LoggedSamples(self._log, self._stored or 0) if live else {}
+        out = core.step(agg)
+        if live:
+            if core.store is store:
+                # Consecutive log indices: one entry per step while the store lives.
+                self._stored += 1
+                self._log.append(self._stored, store.new_samples())
+            else:
+                # Every level is active: the samples are never read again.
+                self._log.release_before(self._stored + 1)
+                self._stored = None
+        core.store = {}
+        return out
+
+    def to_state(self):
+        state = self.core.to_state()
+        state["store_entries"] = self._stored
+        return state
+
+
 class MeanReleaseSpec(ReleaseSpec):
-    """Feeds per-step :class:`MeanAggregate` s to a :class:`ContinualMeanCore` per stream."""
+    """Feeds per-step :class:`MeanAggregate` s to a :class:`ContinualMeanCore` per stream.
+
+    With Algorithm 7's medians (``preset="paper"``) the samples they read
+    go to the stream's log instead of the rewritten state
+    (:class:`_MedianStoreInLog`, ``uses_log``).
+    """
 
     def __init__(self, transform, step_seconds, params, lower, upper, horizon, ledger_template):
         self.transform = transform
@@ -506,6 +575,7 @@ class MeanReleaseSpec(ReleaseSpec):
         self._params = params
         self._lower, self._upper = lower, upper
         self._ledger = ledger_template
+        self.uses_log = bool(params.median_levels)
 
     def zero(self):
         return MeanAggregate()
@@ -516,11 +586,17 @@ class MeanReleaseSpec(ReleaseSpec):
     def events(self, aggregate):
         return int(aggregate.events)
 
-    def new_mechanism(self, rng, first=None):
-        return ContinualMeanCore(self._params, self._lower, self._upper, self.horizon, rng)
+    def new_mechanism(self, rng, first=None, log=None):
+        core = ContinualMeanCore(self._params, self._lower, self._upper, self.horizon, rng)
+        return core if log is None else _MedianStoreInLog(core, log)
 
-    def restore(self, state, rng):
-        return ContinualMeanCore.from_state(self._params, state, self._lower, self._upper, rng)
+    def restore(self, state, rng, log=None):
+        if log is None:
+            return ContinualMeanCore.from_state(self._params, state, self._lower, self._upper, rng)
+        state = dict(state)
+        stored = state.pop("store_entries", 0)
+        core = ContinualMeanCore.from_state(self._params, state, self._lower, self._upper, rng)
+        return _MedianStoreInLog(core, log, stored)
 
     def release(self, mechanism, key, step, aggregate):
         out = mechanism.step(aggregate)
@@ -589,7 +665,12 @@ class ContinualMean(beam.PTransform):
         else Laplace.
       preset: ``"tuned"`` (default) or ``"paper"`` (the spec's constants and
         Algorithm 7 medians, for reproducing seed 003); see
-        :class:`dp_beam.mechanisms.continual_mean.MeanParams`.
+        :class:`dp_beam.mechanisms.continual_mean.MeanParams`. The medians
+        read each user's first 2^{L−1} samples, kept until every level is
+        active: (users seen before the last activation) · min(m, 2^{L−1}) · d
+        numbers per stream, in an append-only ``BagState`` read back only at an
+        activation (:class:`_MedianStoreInLog`), never in the state cell
+        rewritten at every step.
       median_budget: ``"per_L"`` or ``"per_L_minus_1"`` (§6 A5; ``"paper"`` only).
       user_spread: tuned preset: a public bound, as a fraction of
         ``upper - lower``, on how far a user's own mean may lie from the
@@ -604,7 +685,7 @@ class ContinualMean(beam.PTransform):
       keys: the public key set (with ``key_fn``), or
         ``dpb.PrivateKeys(..., max_keys_per_unit=max_keys_per_user)``; as
         ``ContinualCount``.
-      timestamp_fn, allowed_lateness, late: as ``ContinualCount``.
+      timestamp_fn, allowed_lateness, late, transient_errors: as ``ContinualCount``.
       mechanism: the continual-counting mechanism of every level's tree (as in
         ``ContinualCount``); ``None`` picks the most accurate for the noise and
         horizon. Each tree is calibrated to the sum over steps of one
@@ -613,6 +694,8 @@ class ContinualMean(beam.PTransform):
       rng: ``None`` (production noise from ``noise_key``); tests only: an int
         seed or a ``NoiseSource``.
       noise_key: the secret key of every noise draw, as ``ContinualCount``.
+      shards: as ``ContinualCount``; presets that keep median samples in a
+        per-key log (``preset="paper"``) always release per key.
 
     Example (noise switched off to show the estimate):
 
@@ -664,8 +747,10 @@ class ContinualMean(beam.PTransform):
                  delta=None, preset="tuned", median_budget=None, horizon=None, user_spread=0.0,
                  timestamp_fn=None,
                  allowed_lateness=datetime.timedelta(days=1), late="defer",
-                 mechanism=None, rng=None, noise_key=None, label=None):
+                 mechanism=None, rng=None, noise_key=None, transient_errors=TRANSIENT_ERRORS,
+                 shards=None, label=None):
         super().__init__(label)
+        self._transient = check_transient_errors(transient_errors)
         for name, fn in (("user_fn", user_fn), ("value_fn", value_fn)):
             if not callable(fn):
                 raise ValueError(f"{name} must be callable, got {fn!r}")
@@ -684,7 +769,7 @@ class ContinualMean(beam.PTransform):
         self._max_keys = max_keys_per_user
         set_release_options(self, step, allowed_lateness, late, rng, start=start, end=end,
                             horizon=horizon, key_fn=key_fn, keys=keys,
-                            noise_key=noise_key)
+                            noise_key=noise_key, shards=shards)
         selecting = private_keys(self)
         if selecting is not None and selecting.max_keys_per_unit != max_keys_per_user:
             raise ValueError(
@@ -746,6 +831,7 @@ class ContinualMean(beam.PTransform):
             scope="key" if self._key_fn is not None else "stream", key=None,
             sensitivity=float(p.tree_sensitivity(p.L)), noise=p.noise,
             calibration="zcdp" if p.noise == "gaussian" else "",
+            max_contributions=p.m * self._max_keys,  # samples one user can have used, all keys
             # "participation" protects whether and when a user takes part: add/remove
             # one user; "values" takes the arrival pattern as public.
             relation="values" if p.neighbours == "values" else "add/remove")
@@ -755,7 +841,7 @@ class ContinualMean(beam.PTransform):
         schedule, declared, side = validation(self)
         prepared = events | "Validate" >> beam.ParDo(_PrepareMeanEvents(
             label, self._value_fn, self._user_fn, self._key_fn, self._timestamp_fn,
-            self._lower, self._upper, schedule, declared), **side).with_outputs(
+            self._lower, self._upper, schedule, declared, self._transient), **side).with_outputs(
                 INVALID, main="valid")
         invalids = [prepared[INVALID]]
         stage = dict(transform=label, params=self._params, lower=self._lower, upper=self._upper,
@@ -768,21 +854,21 @@ class ContinualMean(beam.PTransform):
             per_user = (users
                         | "PerUser" >> beam.GroupByKey()
                         | "WithholdRelease" >> beam.ParDo(_WithholdReleaseBatch(**stage))
-                        .with_outputs(INVALID, UNITS, main="aggregates"))
+                        .with_outputs(CAPPED, UNITS, main="aggregates"))
             aggregates = (per_user.aggregates
                           | "PerStep" >> beam.CombinePerKey(_MergeAggregates())
                           | "StepIndex" >> beam.ParDo(_StepEnd(self._step_micros)))
         else:
             per_user = users | "WithholdRelease" >> beam.ParDo(
-                _WithholdRelease(**stage)).with_outputs(INVALID, UNITS, main="aggregates")
+                _WithholdRelease(**stage)).with_outputs(CAPPED, UNITS, main="aggregates")
+            # Unbounded lateness: the release applies `late` and `allowed_lateness`.
             aggregates = (per_user.aggregates
                           | "StepWindows" >> beam.WindowInto(
-                              FixedWindows(self._step),
-                              allowed_lateness=Duration(micros=int(self._allowed_lateness * 1e6)))
+                              FixedWindows(self._step), allowed_lateness=UNBOUNDED_LATENESS)
                           | "PerStep" >> beam.CombinePerKey(_MergeAggregates())
                           | "StepIndex" >> beam.ParDo(_StepOf(self._step_micros))
                           | "Rewindow" >> beam.WindowInto(GlobalWindows()))
-        invalids.append(per_user[INVALID])
+        invalids.append(per_user[CAPPED] | "CountCapped" >> CountCapped(label, self._step))
         entry = self.plan_entry(label)
         spec = MeanReleaseSpec(label, self._step, self._params, self._lower, self._upper,
                                self._horizon, entry)

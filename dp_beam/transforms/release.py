@@ -22,7 +22,7 @@ spec private_erm_and_incremental_regression.md §3) sets
 
 import hashlib
 import pickle
-from typing import Any, Iterable, List, NamedTuple, Optional
+from typing import Any, Iterable, List, NamedTuple, Optional, Tuple
 
 import apache_beam as beam
 import numpy as np
@@ -35,9 +35,11 @@ from apache_beam.transforms.userstate import (BagStateSpec, ReadModifyWriteState
 
 from dp_beam.mechanisms import make_noise
 from dp_beam.mechanisms.noise_key import KeyedNoise, NoiseKey, encode_identity
+from dp_beam.progress import ReleaseProgress
 from dp_beam.records import InvalidElement
 from dp_beam.transforms.events import INVALID, NAMESPACE
 from dp_beam.transforms.schedule import NotAdmitted, Schedule, StreamStart
+from dp_beam.transforms.stream_keys import KV
 
 ACCOUNTING = "accounting"
 #: ``next_step`` of a stream that will release nothing more.
@@ -94,6 +96,13 @@ class ReleaseSpec:
         """The mechanism of ``state`` (with ``uses_log``, called with ``log=`` as well)."""
         raise NotImplementedError
 
+    def reseed(self, mechanism, rng, **with_log):
+        """``mechanism`` continuing with the noise source ``rng``: by default
+        ``restore(mechanism.to_state(), rng)``; a spec whose mechanisms can swap
+        their source in place may do that instead (the same releases, without
+        the state round trip at every step)."""
+        return self.restore(mechanism.to_state(), rng, **with_log)
+
     def release(self, mechanism, key, step: int, aggregate) -> Iterable[Any]:
         """Feeds one step's aggregate to the mechanism; returns the records to emit."""
         raise NotImplementedError
@@ -113,6 +122,8 @@ class ReleaseSpec:
 def key_label(key):
     """A stream key as a noise identity label: itself when it has a canonical encoding
     (str, int, float, bytes, None, tuples of those), else its type and ``repr``."""
+    if key is None or type(key) in (str, int, float, bytes):
+        return key
     try:
         encode_identity((key,))
         return key
@@ -289,6 +300,12 @@ class OrderedReleaseDoFn(beam.DoFn):
 
     ``late``: ``"defer"`` adds a late aggregate to the next unreleased step;
     ``"drop"`` sends it to ``invalid`` (as one record standing for its events).
+    With ``allowed_lateness`` (seconds; ``None``: unbounded), ``"defer"``
+    sends an aggregate to ``invalid`` instead when the stream had already
+    released a step ending more than ``allowed_lateness`` after the end of
+    the aggregate's step (the watermark was at least that far past it). The
+    windows upstream keep unbounded lateness, so every late event reaches
+    this decision: none is dropped by the runner without a record.
     An aggregate that arrives after its stream's last step goes to ``invalid``.
     A :class:`~dp_beam.transforms.schedule.NotAdmitted` aggregate closes a
     stream that never opened: its buffered events go to ``invalid``.
@@ -314,7 +331,7 @@ class OrderedReleaseDoFn(beam.DoFn):
 
     def __init__(self, spec: ReleaseSpec, bounded: bool, late: str = "defer",
                  seed=None, end_step: Optional[int] = None, opens: str = "start",
-                 noise_key: Optional[NoiseKey] = None):
+                 noise_key: Optional[NoiseKey] = None, allowed_lateness: Optional[float] = None):
         if late not in ("defer", "drop"):
             raise ValueError(f"late must be 'defer' or 'drop', got {late!r}")
         if opens not in ("start", "data"):
@@ -331,11 +348,14 @@ class OrderedReleaseDoFn(beam.DoFn):
         self._noise_key = noise_key if seed is None else None
         self._end = end_step
         self._opens = opens
+        self._allowed_lateness = allowed_lateness
         label = spec.transform
         self._released = Metrics.counter(NAMESPACE, f"{label}.released_steps")
         self._empty = Metrics.counter(NAMESPACE, f"{label}.empty_steps")
         self._late_deferred = Metrics.counter(NAMESPACE, f"{label}.late_deferred_events")
         self._late_dropped = Metrics.counter(NAMESPACE, f"{label}.late_dropped_events")
+        self._too_late = Metrics.counter(NAMESPACE, f"{label}.beyond_lateness_events")
+        self._progress = ReleaseProgress(label)  # rate-limited progress lines, events_used
         self._noise = None
 
     def setup(self):
@@ -361,13 +381,28 @@ class OrderedReleaseDoFn(beam.DoFn):
     def _closed(self, nxt):
         return nxt is not None and (nxt >= CLOSED or (self._end is not None and nxt >= self._end))
 
-    def _invalid(self, key, step, aggregate, reason):
+    def _invalid(self, key, step, aggregate, reason, released_through=None):
+        """The dead letter of an aggregate's events (``None`` if it holds none).
+
+        A late aggregate records ``released_through``, the last step released
+        when it arrived: it tells two late aggregates of one step apart (and
+        so their ids) in all but the same firing."""
         n = self._spec.events(aggregate)
         if not n:
             return None
-        return pvalue.TaggedOutput(INVALID, InvalidElement(
-            self._spec.transform, reason, {"key": key, "step": step, "aggregate": aggregate},
-            count=n))
+        element = {"key": key, "step": step, "aggregate": aggregate}
+        if released_through is not None:
+            element["released_through"] = released_through
+        return pvalue.TaggedOutput(INVALID, InvalidElement.of(
+            self._spec.transform, reason, element, self._spec.window_end(step), count=n))
+
+    def _beyond_lateness(self, step, nxt):
+        """How far (seconds) the released steps reach past the end of ``step``, when that is
+        more than ``allowed_lateness``; else ``None``."""
+        if self._allowed_lateness is None:
+            return None
+        behind = self._spec.window_end(nxt - 1) - self._spec.window_end(step)
+        return behind if behind > self._allowed_lateness else None
 
     def process(self, element,
                 buffer=beam.DoFn.StateParam(BUFFER),
@@ -413,7 +448,18 @@ class OrderedReleaseDoFn(beam.DoFn):
             if self._late == "drop":
                 self._late_dropped.inc(n)
                 out = self._invalid(key, step, aggregate,
-                                    f"late: step {step} was already released")
+                                    f"late: step {step} was already released", nxt - 1)
+                if out is not None:
+                    yield out
+                return
+            behind = self._beyond_lateness(step, nxt)
+            if behind is not None:
+                self._too_late.inc(n)
+                out = self._invalid(
+                    key, step, aggregate,
+                    f"late beyond allowed_lateness ({self._allowed_lateness:g} s): step {step} "
+                    f"ended {behind:g} s before the end of the last released step {nxt - 1}",
+                    nxt - 1)
                 if out is not None:
                     yield out
                 return
@@ -483,15 +529,17 @@ class OrderedReleaseDoFn(beam.DoFn):
         done = False
         step = nxt
         while step <= until and not done:
-            if mechanism is None or self._per_step_seed():
-                # A test seed gives each step its own generator, so restore per step.
-                state = mech_state.read() if mechanism is None else mechanism.to_state()
-                mechanism = spec.restore(state, self._rng(key, step), **with_log)
+            if mechanism is None:
+                mechanism = spec.restore(mech_state.read(), self._rng(key, step), **with_log)
+            elif self._per_step_seed():
+                # Every step draws from its own keyed source (or test generator).
+                mechanism = spec.reseed(mechanism, self._rng(key, step), **with_log)
             aggregate = pending.pop(step, None)
             if aggregate is None:
                 self._empty.inc()
                 aggregate = spec.zero()
             self._released.inc()
+            self._progress.released(key, step, spec.window_end(step), spec.events(aggregate))
             # Stamped at the step's end, the moment of release and the timer's
             # watermark hold: one microsecond earlier and a downstream window
             # closing at that end would already be expired, and drop it.
@@ -549,8 +597,8 @@ class LoggedReleaseDoFn(OrderedReleaseDoFn):
 
     def __init__(self, spec: ReleaseSpec, bounded: bool, late: str = "defer",
                  seed=None, end_step: Optional[int] = None, opens: str = "start",
-                 noise_key: Optional[NoiseKey] = None):
-        super().__init__(spec, bounded, late, seed, end_step, opens, noise_key)
+                 noise_key: Optional[NoiseKey] = None, allowed_lateness: Optional[float] = None):
+        super().__init__(spec, bounded, late, seed, end_step, opens, noise_key, allowed_lateness)
         self._log_reads = Metrics.counter(NAMESPACE, f"{spec.transform}.log_entries_read")
         self._log_compactions = Metrics.counter(NAMESPACE, f"{spec.transform}.log_compactions")
 
@@ -578,7 +626,8 @@ class LoggedReleaseDoFn(OrderedReleaseDoFn):
 
 
 def release_in_order(aggregates, spec, plan, invalids, *, schedule: Schedule, seeds, bounded,
-                     late, seed, noise_key=None, extra_releases=(), extra_accounting=()):
+                     late, seed, noise_key=None, extra_releases=(), extra_accounting=(),
+                     allowed_lateness=None, shards=0):
     """Applies the ordered release to per-step aggregates; the common tail of every transform.
 
     ``aggregates`` are ``(key, (step, aggregate))`` in the global window and
@@ -590,16 +639,34 @@ def release_in_order(aggregates, spec, plan, invalids, *, schedule: Schedule, se
     flattened with the release's own, ``extra_releases`` (e.g. key
     admissions) flattened into ``.releases`` and ``extra_accounting`` into
     ``.accounting``; ``plan`` (the planned ledger entries) is attached to the
-    accounting output.
+    accounting output. ``allowed_lateness``: see :class:`OrderedReleaseDoFn`.
+
+    The release is keyed by stream key with the deterministic
+    :class:`~dp_beam.transforms.stream_keys.StreamKeyCoder` (the element type
+    of its input is declared), as runners that encode state keys require.
+
+    ``shards`` > 0 routes the streams to that many shards and releases each
+    shard with one stateful DoFn and one timer
+    (:class:`~dp_beam.transforms.shards.ShardedReleaseDoFn`; same records);
+    0 keeps one stateful key per stream. Specs with a log always use the
+    per-key path.
     """
     schedule.require_end(bounded, spec.transform)
     dofn = LoggedReleaseDoFn if spec.uses_log else OrderedReleaseDoFn
     release_fn = dofn(spec, bounded=bounded, late=late, seed=seed, end_step=schedule.end_step,
-                      noise_key=noise_key)
-    released = ((aggregates, seeds)
-                | "Open" >> beam.Flatten()
-                | "Release" >> beam.ParDo(release_fn).with_outputs(
-                    ACCOUNTING, INVALID, main="releases"))
+                      noise_key=noise_key, allowed_lateness=allowed_lateness)
+    opened = (aggregates, seeds) | "Open" >> beam.Flatten().with_output_types(KV)
+    if shards and not spec.uses_log:
+        from dp_beam.transforms.shards import ShardedReleaseDoFn, shard_of
+
+        released = (opened
+                    | "Shard" >> beam.Map(lambda kv, n=shards: (shard_of(kv[0], n), kv)
+                                          ).with_output_types(Tuple[int, Any])
+                    | "Release" >> beam.ParDo(ShardedReleaseDoFn(release_fn)).with_outputs(
+                        ACCOUNTING, INVALID, main="releases"))
+    else:
+        released = opened | "Release" >> beam.ParDo(release_fn).with_outputs(
+            ACCOUNTING, INVALID, main="releases")
     invalid = tuple(invalids) + (released[INVALID],) | "Invalid" >> beam.Flatten()
     releases = released.releases
     if extra_releases:

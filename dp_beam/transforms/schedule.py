@@ -20,6 +20,8 @@ from typing import Any, FrozenSet, Iterable, NamedTuple, Optional
 
 import apache_beam as beam
 
+from dp_beam.transforms.stream_keys import normalize_key
+
 __all__ = ["Schedule", "DeclaredKeys", "StreamStart", "NotAdmitted", "resolve_schedule",
            "resolve_keys", "to_seconds"]
 
@@ -167,9 +169,10 @@ class DeclaredKeys(NamedTuple):
                                  "unbounded one would make the key set grow with the stream")
             # A key listed twice opens its stream once: the release DoFn
             # ignores a second StreamStart (no Distinct: its GroupByKey fails
-            # in streaming pipelines on the direct runner).
-            return self.pcoll | f"{label}Open" >> beam.Map(
-                lambda k, s: (k, (s, StreamStart())), start_step)
+            # in streaming pipelines on the direct runner). Keys are
+            # normalised like event keys; one that cannot be a key (NaN,
+            # unhashable) opens no stream (no event can match it).
+            return self.pcoll | f"{label}Open" >> beam.FlatMap(_open_stream, start_step)
         return (pipeline
                 | f"{label}Create" >> beam.Create(
                     sorted(((k, (start_step, StreamStart())) for k in self.keys), key=repr)))
@@ -181,16 +184,28 @@ class DeclaredKeys(NamedTuple):
         return beam.pvalue.AsList(self.pcoll)
 
 
+def _open_stream(key, start_step):
+    key, err = normalize_key(key)
+    if err is None and key is not None:
+        yield key, (start_step, StreamStart())
+
+
 def _check_key(key):
+    """A declared key, normalised as event keys are (``ValueError`` naming ``keys`` if it
+    cannot be one)."""
     if key is None:
         raise ValueError("keys must not contain None (None is the key of an unkeyed stream)")
     try:
         hash(key)
     except TypeError:
         raise ValueError(f"keys must be hashable, got {key!r}") from None
-    if isinstance(key, float) and math.isnan(key):
-        raise ValueError("keys must not contain NaN (NaN is not equal to itself)")
-    return key
+    normal, err = normalize_key(key)
+    if err and "NaN" in err:
+        raise ValueError(f"keys must not contain NaN (NaN is not equal to itself), got {key!r}")
+    if err:
+        raise ValueError(f"keys must be strings, numbers, bytes or tuples of these, got {key!r}: "
+                         f"{err}")
+    return normal
 
 
 def resolve_keys(key_fn, keys) -> Any:

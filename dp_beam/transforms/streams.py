@@ -20,6 +20,7 @@ from dp_beam.transforms.keys import PrivateKeys, select_keys
 from dp_beam.transforms.release import release_in_order
 from dp_beam.transforms.schedule import (DeclaredKeys, StreamStart, resolve_keys,
                                          resolve_schedule)
+from dp_beam.transforms.shards import default_shards
 
 __all__ = ["seconds", "set_release_options", "validation", "release_streams"]
 
@@ -43,13 +44,17 @@ def check_horizon(horizon):
 
 
 def set_release_options(transform, step, allowed_lateness, late, rng, *, start, end=None,
-                        horizon=None, key_fn=None, keys=None, noise_key=None):
+                        horizon=None, key_fn=None, keys=None, noise_key=None, shards=None):
     """Validates the options every continual transform takes; ``ValueError`` names the parameter.
 
     Sets ``_step`` (seconds), ``_step_micros``, ``_schedule``, ``_keys``
     (``None``, a :class:`DeclaredKeys` or a :class:`PrivateKeys`),
-    ``_allowed_lateness``, ``_late``, ``_seed`` and ``_noise_key`` on
-    ``transform``. ``noise_key=None`` draws a fresh secret key now, at
+    ``_allowed_lateness``, ``_late``, ``_seed``, ``_noise_key`` and ``_shards`` on
+    ``transform``. ``shards``: ``None`` picks
+    :func:`~dp_beam.transforms.shards.default_shards` of the declared key
+    count; 0 releases one stateful key per stream; n > 0 routes the streams
+    to n shards, each released by one stateful DoFn with one timer (same
+    records). ``noise_key=None`` draws a fresh secret key now, at
     construction: each construction of a pipeline is a new release, and the
     retries within it are replay-stable.
     """
@@ -76,6 +81,14 @@ def set_release_options(transform, step, allowed_lateness, late, rng, *, start, 
         raise ValueError("noise_key must be None (a fresh key per construction) or a "
                          f"dp_beam.NoiseKey (from_env, from_file, from_bytes), got {type(noise_key)!r}")
     transform._noise_key = noise_key
+    if shards is not None and (isinstance(shards, bool) or not isinstance(shards, int) or shards < 0):
+        raise ValueError(f"shards must be None (chosen from the declared keys), 0 (one stateful key "
+                         f"per stream) or a positive int, got {shards!r}")
+    if shards is None:
+        declared = transform._keys
+        count = len(declared.keys) if isinstance(declared, DeclaredKeys) and declared.keys is not None else None
+        shards = default_shards(count)
+    transform._shards = shards
 
 
 def private_keys(transform):
@@ -103,7 +116,8 @@ def release_streams(transform, events, aggregates, spec, entry, invalids, *, uni
     bounded = events.is_bounded
     declared = transform._keys
     common = dict(schedule=schedule, bounded=bounded, late=transform._late, seed=transform._seed,
-                  noise_key=transform._noise_key)
+                  noise_key=transform._noise_key, allowed_lateness=transform._allowed_lateness,
+                  shards=getattr(transform, "_shards", 0))
     if isinstance(declared, PrivateKeys):
         admitted, seeds, selection_entry, charged = select_keys(
             units, declared, schedule, transform.label, unit, bounded, transform._seed,

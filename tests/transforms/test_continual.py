@@ -172,8 +172,10 @@ def test_user_level_bounds_contributions_across_keys():
                                   privacy_unit="user", user_fn=lambda e: e["user"],
                                   max_contributions=2, start=0, end=2 * STEP,
                                   rng=ZeroNoise()), events)
-    over = [i for i in out["invalid"] if "max_contributions" in i.reason]
-    assert len(over) == 4
+    # The heavy user's 4 events over the cap, all in step 0: one dead letter standing for 4.
+    (over,) = [i for i in out["invalid"] if "max_contributions" in i.reason]
+    assert over.count == 4 and over.element["user"] == "heavy" and over.element["step"] == 0
+    assert over.element["example"]["key"] in ("AA", "UA")
     final = {}
     for r in out["releases"]:
         if r.step == 1:
@@ -311,3 +313,30 @@ def test_sub_grid_differences_of_a_sum_never_reach_the_release():
         # A sum of multiples of 2^-18 (totals) and 2^-28 (noise of scale 4): a multiple of
         # 2^-28, where a float carrying the data's own low-order bits would have ~2^-49.
         assert math.ldexp(value, 28) == round(math.ldexp(value, 28))
+
+
+@pytest.mark.parametrize("make", [
+    lambda: dpb.ContinualCount(epsilon=1.0, step=10, start=0, max_contibutions=3),
+    lambda: dpb.ContinualSum(value_fn=float, lower=0, upper=1, epsilon=1.0, step=10, start=0,
+                             max_contibutions=3),
+])
+def test_a_misspelled_keyword_names_the_public_transform(make):
+    # Formerly: "_ContinualTotal.__init__() got an unexpected keyword argument".
+    with pytest.raises(TypeError) as info:
+        make()
+    message = str(info.value)
+    assert "max_contibutions" in message and "_ContinualTotal" not in message
+    assert message.startswith(("ContinualCount.__init__()", "ContinualSum.__init__()"))
+
+
+def test_public_signatures_list_every_option():
+    import inspect
+    for cls in (dpb.ContinualCount, dpb.ContinualSum):
+        params = inspect.signature(cls).parameters
+        assert not any(p.kind is p.VAR_KEYWORD for p in params.values())
+        for name in ("start", "end", "key_fn", "keys", "allowed_lateness", "late",
+                     "transient_errors", "noise_key", "label"):
+            assert name in params, (cls, name)
+    # A count has no value_fn to accept.
+    with pytest.raises(TypeError, match="value_fn"):
+        dpb.ContinualCount(epsilon=1.0, step=10, start=0, value_fn=float)

@@ -482,3 +482,15 @@ def test_streaming_sliding_window_erm_drops_a_late_point_and_matches_the_batch_r
     batch = _run(make(), events)["releases"]
     _assert_same_models(out["releases"], batch)
     assert [r.t for r in out["releases"]] == list(range(6, 41, 2))
+
+
+@pytest.mark.parametrize("cls, extra", [(ContinualERM, dict(base_size=4)),
+                                        (SlidingWindowERM, dict(window=4)),
+                                        (MultiResolutionERM, {})])
+def test_a_misspelled_keyword_names_the_public_transform(cls, extra):
+    import inspect
+    assert not any(p.kind is p.VAR_KEYWORD for p in inspect.signature(cls).parameters.values())
+    with pytest.raises(TypeError) as info:
+        cls(block_size=4, end=40, timestamp=1, **extra, **COMMON)
+    assert str(info.value).startswith(f"{cls.__name__}.__init__() got an unexpected keyword")
+    assert "'timestamp'" in str(info.value)

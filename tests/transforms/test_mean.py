@@ -80,8 +80,10 @@ def test_batch_participation_default_cap_and_invalid():
     out = _run(_mean(), events + bad + extra)
     invalid = out["invalid"]
     reasons = " | ".join(sorted(i.reason for i in invalid))
-    assert len(invalid) == len(bad) + len(extra)
-    assert reasons.count("max_samples_per_user") == 3
+    assert sum(i.count for i in invalid) == len(bad) + len(extra)
+    # The three samples over the cap (one user, one step): one record standing for 3.
+    (over,) = [i for i in invalid if "max_samples_per_user" in i.reason]
+    assert over.count == 3 and over.element["user"] == "u0" and over.element["step"] == 7
     for frag in ("NaN", "user_fn returned None", "KeyError", "not a real number"):
         assert frag in reasons
     rel = sorted(out["releases"], key=lambda r: r.step)
@@ -263,8 +265,10 @@ def test_keys_route_values_cap_keys_per_user_and_account_every_event(k):
     for u, keys in by_user.items():
         # A user keeps min(#keys, k) keys and loses every event of the others.
         assert len(kept[u]) == min(len(keys), k)
-    assert len(out["invalid"]) == PER_KEY * sum(len(keys) - len(kept[u])
-                                                for u, keys in by_user.items())
+    # One record per user, refused key and step, standing for the user's events there.
+    assert all(rec.count == 1 for rec in out["invalid"])
+    assert sum(rec.count for rec in out["invalid"]) == PER_KEY * sum(
+        len(keys) - len(kept[u]) for u, keys in by_user.items())
 
     last = {}
     for r in out["releases"]:
@@ -278,7 +282,7 @@ def test_keys_route_values_cap_keys_per_user_and_account_every_event(k):
         assert r.value == pytest.approx(np.mean(mine), abs=1e-9)
         assert r.denominator == len(mine)
         used += int(r.denominator)
-    assert used + len(out["invalid"]) == len(events)
+    assert used + sum(rec.count for rec in out["invalid"]) == len(events)
 
     # One ledger entry per key, each stating the user's whole cost over its k keys.
     transform = _keyed_mean(k)
@@ -531,7 +535,9 @@ def test_streaming_keys_keep_the_first_keys_in_arrival_order():
     out = collect(streaming_options(), build)
     (bad,) = out["invalid"]
     assert bad.reason == "max_keys_per_user (2) exceeded for user"
-    assert bad.element == {"user": "a", "key": "C", "value": 1.0}
+    assert bad.element == {"user": "a", "step": 1, "key": "C",
+                           "example": {"key": "C", "value": 1.0}}
+    assert bad.count == 1
     last = {}
     steps = {}
     for r in out["releases"]:
@@ -577,3 +583,123 @@ def test_values_prior_query_matches_the_engine_free_mechanism_with_a_test_seed()
         assert r.value == pytest.approx(want.estimate, rel=1e-9, abs=1e-9)
         assert r.active_levels == tuple(want.active)
     assert ref.core.query is not None and rel[-1].active_levels == tuple(range(9))
+
+
+def test_a_misspelled_keyword_names_the_public_transform():
+    with pytest.raises(TypeError, match=r"^ContinualMean.__init__\(\) got an unexpected keyword"):
+        dpb.ContinualMean(user_fn=str, value_fn=float, lower=0, upper=1, max_samples_per_user=1,
+                          epsilon=1.0, step=10, start=0, max_sample_per_user=2)
+
+
+# -- preset="paper": the medians' samples live in the release's log, not its state -------------
+
+def _paper_events():
+    rnd = random.Random(1)
+    # 400 users, 15 samples each, 200 per step over 30 steps: the private medians of
+    # levels 2, 3 and 4 activate at different steps.
+    return [{"user": f"u{i % 400}", "ts": i * 0.05, "v": rnd.uniform(0, 4)} for i in range(6000)]
+
+
+def _paper(**kw):
+    return _mean(lower=0, upper=4, max_samples_per_user=16, epsilon=10.0, max_users=400,
+                 preset="paper", neighbours="values", end=300, **kw)
+
+
+class _Cell:
+    def __init__(self):
+        self.v = None
+
+    def read(self):
+        return self.v
+
+    def write(self, v):
+        self.v = v
+
+
+class _Bag(list):
+    def read(self):
+        return list(self)
+
+    def add(self, v):
+        self.append(v)
+
+    def clear(self):
+        del self[:]
+
+
+def _paper_aggregates(transform, events):
+    from dp_beam.transforms import mean as mt
+    stage = mt._WithholdReleaseBatch(transform="m", params=transform.params, lower=transform._lower,
+                                     upper=transform._upper, step_micros=transform._step_micros,
+                                     max_keys=1)
+    stage.setup()
+    per_step = {}
+    for user in sorted({e["user"] for e in events}):
+        mine = [(None, e["v"], e["ts"]) for e in events if e["user"] == user]
+        for (_, step), agg in stage.process((user, mine)):
+            acc = per_step.setdefault(step, mt._accumulator())
+            mt._merge_into(acc, agg)
+    return [per_step.get(s, mt._accumulator()) for s in range(30)]
+
+
+def test_paper_preset_keeps_median_samples_in_the_log_not_the_state():
+    import pickle
+    from dp_beam.transforms import mean as mt
+    from dp_beam.transforms.release import BagLog
+    transform = _paper()
+    assert transform.params.median_levels == [2, 3, 4]
+    spec = mt.MeanReleaseSpec("m", STEP, transform.params, transform._lower, transform._upper,
+                              None, transform.plan_entry("m"))
+    assert spec.uses_log
+    plain = spec.new_mechanism(ZeroNoise())          # the core keeping its samples in its state
+    bag, meta, state = _Bag(), _Cell(), None
+    activations, plain_sizes, sizes = [], [], []
+    for agg in _paper_aggregates(transform, _paper_events()):
+        log = BagLog(bag, meta)                       # one firing per step
+        logged = (spec.new_mechanism(ZeroNoise(), log=log) if state is None
+                  else spec.restore(state, ZeroNoise(), log=log))
+        out = logged.step(pickle.loads(pickle.dumps(agg)))
+        state = logged.to_state()
+        log.flush()
+        ref = plain.step(pickle.loads(pickle.dumps(agg)))
+        # The same releases, step for step (the medians read the same samples) ...
+        assert out.estimate == pytest.approx(ref.estimate) and out.active == ref.active
+        activations.append(len(out.active))
+        # ... but the rewritten state holds no samples: they are appended once to the log.
+        assert state["store"] == {}
+        sizes.append(len(pickle.dumps(state)))
+        plain_sizes.append(len(pickle.dumps(plain.to_state())))
+    # Levels activate one after another; once all are, the log is emptied.
+    assert activations[0] < activations[-1] == 5 and len(set(activations)) > 2
+    assert bag == [] and meta.v[0] == 0
+    assert max(plain_sizes) > 10 * max(sizes)
+
+
+@pytest.mark.parametrize("mode", ["batch", "streaming"])
+def test_paper_preset_runs_with_its_log_in_batch_and_streaming(mode):
+    from dp_beam.mechanisms.continual_mean import ContinualMeanCore
+    events = _paper_events()
+    transform = _paper()
+    if mode == "batch":
+        out = _run(transform, events)
+    else:
+        stream = _TestStream()
+        for step in range(30):
+            stream = stream.add_elements([TimestampedValue(e, e["ts"]) for e in events
+                                          if step * STEP <= e["ts"] < (step + 1) * STEP])
+            stream = stream.advance_watermark_to((step + 1) * STEP)
+        stream = stream.advance_watermark_to_infinity()
+
+        def build(p):
+            res = p | stream | "mean" >> transform
+            return {"releases": res.releases, "invalid": res.invalid}
+        out = collect(streaming_options(), build)
+    releases = sorted(out["releases"], key=lambda r: r.step)
+    assert [r.step for r in releases] == list(range(30))
+    assert out["invalid"] == []
+    core = ContinualMeanCore(transform.params, transform._lower, transform._upper, None,
+                             ZeroNoise())
+    for r, agg in zip(releases, _paper_aggregates(transform, events)):
+        ref = core.step(agg)
+        assert r.value == pytest.approx(float(np.ravel(ref.estimate)[0]))
+        assert r.active_levels == tuple(ref.active)

@@ -1,0 +1,187 @@
+"""The ordered release for many keys: one stateful DoFn and one timer per *shard* of keys.
+
+:class:`~dp_beam.transforms.release.OrderedReleaseDoFn` keeps one stream per
+Beam key, so a runner fires one timer per key per release and keeps the
+state of every key in its own cells. At thousands of keys the per-firing cost
+of the runner (state reads and writes, the timer, the cache's size estimate
+of each value) dominates the release itself. Here the streams are routed to
+a bounded number of shards by a public hash of their key
+(:func:`shard_of`), and one stateful DoFn per shard keeps the state of all
+its streams in one cell and sets a single timer: the earliest step end any
+of its streams waits for. When it fires, every stream whose own timer is
+due is released.
+
+The per-stream logic is not re-implemented: :class:`ShardedReleaseDoFn` runs
+the per-key DoFn's own ``_process`` and ``_fire`` on in-memory stand-ins for
+its state cells and timer, with the stream key as the key. So the
+schedule, the late-data policy, key admission, ledger entries, invalid
+records and the noise identities (transform, stream key, step) are those of
+the per-key path, and the releases are bit-for-bit the same for the same
+noise key or test seed (tests/transforms/test_shards.py checks it on
+batch and streaming input).
+
+The shard of a key is public (a hash of the key, which is public: declared
+or privately selected), so routing reveals nothing. Specs that keep a
+per-key log (the ERM streams) keep the per-key path.
+"""
+
+import functools
+import hashlib
+from typing import Any, Dict, Optional
+
+import apache_beam as beam
+from apache_beam.coders import PickleCoder
+from apache_beam.transforms.timeutil import TimeDomain
+from apache_beam.transforms.userstate import ReadModifyWriteStateSpec, TimerSpec, on_timer
+from apache_beam.utils.timestamp import Timestamp
+
+from dp_beam.mechanisms.noise_key import encode_identity
+from dp_beam.transforms.release import OrderedReleaseDoFn, key_label
+
+__all__ = ["shard_of", "default_shards", "ShardedReleaseDoFn", "KEYS_PER_SHARD"]
+
+#: Declared keys per shard of the default (``shards=None``): large enough that
+#: a shard's firing amortises the runner's per-timer cost, small enough that
+#: the shard's state cell (all its streams) stays well below a megabyte.
+KEYS_PER_SHARD = 64
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def shard_of(key, shards: int) -> int:
+    """The shard of a stream key: SHA-256 of its canonical encoding, modulo ``shards``.
+
+    Stable across processes, workers and runs (Python's ``hash`` is salted),
+    and a function of the key alone.
+
+    >>> shard_of("JFK", 8) == shard_of("JFK", 8), 0 <= shard_of(("a", 1), 3) < 3
+    (True, True)
+    """
+    digest = hashlib.sha256(encode_identity((key_label(key),))).digest()
+    return int.from_bytes(digest[:8], "big") % shards
+
+
+def default_shards(declared_keys: Optional[int]) -> int:
+    """Shards for a release over ``declared_keys`` keys: 0 (per-key path) below
+    :data:`KEYS_PER_SHARD` or when the key set is not known up front, else
+    ``declared_keys // KEYS_PER_SHARD``.
+
+    >>> default_shards(None), default_shards(10), default_shards(1000)
+    (0, 0, 15)
+    """
+    if declared_keys is None or declared_keys < KEYS_PER_SHARD:
+        return 0
+    return declared_keys // KEYS_PER_SHARD
+
+
+class _Cell:
+    """A ReadModifyWriteState stand-in over one field of a stream's entry."""
+
+    def __init__(self, entry: Dict[str, Any], name: str):
+        self._entry, self._name = entry, name
+
+    def read(self):
+        return self._entry.get(self._name)
+
+    def write(self, value):
+        self._entry[self._name] = value
+
+    def clear(self):
+        self._entry.pop(self._name, None)
+
+
+class _Bag:
+    """A BagState stand-in over a stream's buffered aggregates."""
+
+    def __init__(self, entry: Dict[str, Any]):
+        self._entry = entry
+
+    def read(self):
+        return list(self._entry.get("buffer", ()))
+
+    def add(self, value):
+        self._entry.setdefault("buffer", []).append(value)
+
+    def clear(self):
+        self._entry.pop("buffer", None)
+
+
+class _Timer:
+    """A watermark-timer stand-in: remembers the stream's next firing time (seconds)."""
+
+    def __init__(self, entry: Dict[str, Any]):
+        self._entry = entry
+
+    def set(self, when):
+        self._entry["timer"] = float(when)
+
+    def clear(self):
+        self._entry.pop("timer", None)
+
+
+@beam.typehints.with_output_types(Any)
+class ShardedReleaseDoFn(beam.DoFn):
+    """The per-key ordered release of ``inner`` for every stream of a shard, one timer per shard.
+
+    Input: ``(shard, (key, (step, aggregate)))``; outputs: those of ``inner``
+    (releases, and the ``accounting`` and ``invalid`` tags). State: one cell
+    mapping each stream key to its stand-in cells (buffer, mechanism state,
+    next/first/earliest step, due time), rewritten once per element or
+    firing. The shard's timer is always the earliest due time of its streams;
+    a firing at time F releases every stream due at or before F, each with
+    its own due time as the firing time (as its own timer would have fired),
+    repeating while a stream re-arms at or before F.
+    """
+
+    STREAMS = ReadModifyWriteStateSpec("streams", PickleCoder())
+    #: The time the shard's timer is set for (so an element need not scan all streams).
+    ARMED = ReadModifyWriteStateSpec("armed", PickleCoder())
+    TIMER = TimerSpec("release", TimeDomain.WATERMARK)
+
+    def __init__(self, inner: OrderedReleaseDoFn):
+        if not isinstance(inner, OrderedReleaseDoFn) or getattr(inner._spec, "uses_log", False):
+            raise ValueError("inner must be an OrderedReleaseDoFn over a spec without a log")
+        self._inner = inner
+
+    def setup(self):
+        self._inner.setup()
+
+    @staticmethod
+    def _cells(entry):
+        return (_Bag(entry), _Cell(entry, "mechanism"), _Cell(entry, "next"), _Cell(entry, "first"),
+                _Cell(entry, "earliest"), _Timer(entry))
+
+    def process(self, element, streams_state=beam.DoFn.StateParam(STREAMS),
+                armed_state=beam.DoFn.StateParam(ARMED), timer=beam.DoFn.TimerParam(TIMER)):
+        _, (key, value) = element
+        streams = streams_state.read() or {}
+        entry = streams.setdefault(key, {})
+        buffer, _, nxt, first, earliest, stream_timer = self._cells(entry)
+        yield from self._inner._process((key, value), buffer, nxt, first, earliest, stream_timer)
+        streams_state.write(streams)
+        # Only this stream's due time can have moved, and only to an earlier or
+        # a first time (a stream's timer is set when it opens or sees data).
+        due, armed = entry.get("timer"), armed_state.read()
+        if due is not None and (armed is None or due < armed):
+            timer.set(due)
+            armed_state.write(due)
+
+    @on_timer(TIMER)
+    def on_release(self, fire=beam.DoFn.TimestampParam,
+                   streams_state=beam.DoFn.StateParam(STREAMS),
+                   armed_state=beam.DoFn.StateParam(ARMED),
+                   timer=beam.DoFn.TimerParam(TIMER)):
+        streams = streams_state.read() or {}
+        now = fire.micros / 1e6
+        for key, entry in streams.items():
+            while entry.get("timer") is not None and entry["timer"] <= now:
+                due = entry.pop("timer")
+                buffer, mechanism, nxt, first, earliest, stream_timer = self._cells(entry)
+                yield from self._inner._fire(key, Timestamp(due), buffer, mechanism, nxt, first,
+                                             earliest, stream_timer)
+        streams_state.write(streams)
+        due = [e["timer"] for e in streams.values() if e.get("timer") is not None]
+        if due:
+            timer.set(min(due))
+            armed_state.write(min(due))
+        else:
+            armed_state.clear()

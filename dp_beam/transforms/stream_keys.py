@@ -1,0 +1,218 @@
+"""Keys and privacy units as the pipeline groups them: normalised, validated, deterministically encoded.
+
+Every stateful stage (per-user contribution bounding, the ordered release)
+and every grouping is keyed by a stream key or a user id. Two things must
+hold for them (issue "nothing lost, nothing crashes"):
+
+* **Equal ids are one stream (one unit).** ``numpy.str_("AA")`` and ``"AA"``
+  compare equal in Python but encode differently, so a runner that groups by
+  encoded bytes would make two streams published under one key (or two units
+  for one user, each with its own contribution cap). Keys and users are
+  therefore normalised before any grouping (:func:`normalize_key`): NumPy
+  scalars become Python values (``.item()``), ``str``/``bytes`` subclasses
+  their plain value, numbers a canonical form (integral numbers become
+  ``int``: ``True``, ``1``, ``1.0`` and ``numpy.int64(1)`` are one key,
+  released as ``1``; ``Decimal``/``Fraction`` become ``float`` or ``int``),
+  and tuples (named tuples included) plain tuples of normalised items.
+* **Nothing un-groupable reaches a grouping.** NaN is not equal to itself
+  (a NaN key made one stream publish several times), lists, dicts and sets
+  are unhashable, and other objects have no deterministic encoding: such ids
+  go to ``.invalid`` with the reason instead of crashing or corrupting the
+  job.
+
+Normalised ids are ``None`` (the unkeyed stream), ``int``, finite ``float``,
+``str``, ``bytes`` and tuples of these. :class:`StreamKeyCoder` encodes
+exactly that domain, deterministically, and is the key coder of every keyed
+PCollection the transforms build (element type :data:`KV`): runners that
+encode state keys (Dataflow, Flink) need a deterministic key coder for
+stateful DoFns, which Beam's default ``FastPrimitivesCoder`` is not.
+"""
+
+import math
+import numbers
+import struct
+from typing import Any, Tuple
+
+import numpy as np
+from apache_beam import coders
+
+__all__ = ["StreamKey", "StreamKeyCoder", "KV", "normalize_key"]
+
+#: Deepest tuple nesting accepted in a key or user id.
+_MAX_DEPTH = 8
+
+
+def _number(value):
+    """A finite real as ``int`` (when integral) or ``float``; ``(None, reason)`` otherwise."""
+    if isinstance(value, numbers.Integral):
+        return int(value), None
+    try:
+        f = float(value)
+    except (OverflowError, ValueError, TypeError, ArithmeticError) as e:
+        return None, f"a number out of the float range ({type(e).__name__})"
+    if f != f:
+        return None, "NaN (a missing value, not an id)"
+    if math.isinf(f):
+        return None, "an infinite number"
+    return (int(f) if f.is_integer() else f), None
+
+
+def normalize_key(value, depth=0):
+    """``(id, None)``: ``value`` as a normalised key or user id; or ``(None, reason)``.
+
+    ``reason`` names what the id is (it completes "key_fn returned ...").
+    ``None`` is returned as ``(None, None)``: callers
+    decide whether it is allowed (it is the key of an unkeyed stream).
+
+    >>> normalize_key(np.str_("AA")), normalize_key(np.int64(3)), normalize_key(2.0)
+    (('AA', None), (3, None), (2, None))
+    >>> normalize_key(("a", np.float32(0.5)))
+    (('a', 0.5), None)
+    >>> normalize_key(float("nan"))[1], normalize_key(["a"])[1]
+    ('NaN (a missing value, not an id)', 'an unhashable list')
+    """
+    t = type(value)
+    if t is str or t is int or value is None:
+        return value, None
+    if isinstance(value, np.generic):
+        if isinstance(value, np.datetime64) or isinstance(value, np.timedelta64):
+            return None, f"a {t.__name__} (ids must be strings, numbers, bytes or tuples of these)"
+        value = value.item()
+        t = type(value)
+    if t is float or isinstance(value, numbers.Number):
+        if isinstance(value, numbers.Complex) and not isinstance(value, numbers.Real):
+            return None, "a complex number"
+        return _number(value)
+    if isinstance(value, str):
+        return str.__str__(value), None
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return bytes(value), None
+    if isinstance(value, tuple):
+        if depth >= _MAX_DEPTH:
+            return None, f"a tuple nested deeper than {_MAX_DEPTH} levels"
+        items = []
+        for item in value:
+            if item is None:
+                items.append(None)
+                continue
+            k, err = normalize_key(item, depth + 1)
+            if err:
+                return None, f"a tuple holding {err}"
+            items.append(k)
+        return tuple(items), None
+    if isinstance(value, np.ndarray) and value.ndim == 0:
+        return normalize_key(value.item(), depth)
+    try:
+        hash(value)
+    except TypeError:
+        return None, f"an unhashable {t.__name__}"
+    try:
+        missing = value != value
+        missing = bool(missing)
+    except Exception:  # pandas.NA: its comparisons are NA, whose truth value raises
+        missing = True
+    if missing:
+        return None, f"a missing value ({t.__name__})"
+    return None, (f"a {t.__module__}.{t.__qualname__} (ids must be strings, numbers, bytes "
+                  "or tuples of these)")
+
+
+class StreamKey:
+    """Type hint of a normalised key or user id (see :func:`normalize_key`); coded by
+    :class:`StreamKeyCoder`. Never instantiated: it only selects the coder."""
+
+
+#: Element type of the keyed PCollections the transforms build.
+KV = Tuple[StreamKey, Any]
+
+_NONE, _INT, _FLOAT, _STR, _BYTES, _TUPLE, _BOOL = b"N", b"I", b"D", b"S", b"B", b"T", b"O"
+_LEN = struct.Struct(">I")
+_DOUBLE = struct.Struct(">d")
+
+
+def _encode(value, out):
+    t = type(value)
+    if value is None:
+        out.append(_NONE)
+    elif t is str:
+        raw = value.encode("utf-8", "surrogatepass")
+        out += (_STR, _LEN.pack(len(raw)), raw)
+    elif t is int:
+        raw = value.to_bytes((value.bit_length() + 8) // 8, "big", signed=True)
+        out += (_INT, _LEN.pack(len(raw)), raw)
+    elif t is float:
+        out += (_FLOAT, _DOUBLE.pack(value))
+    elif t is bool:
+        out += (_BOOL, b"\x01" if value else b"\x00")
+    elif t is bytes:
+        out += (_BYTES, _LEN.pack(len(value)), value)
+    elif t is tuple:
+        out += (_TUPLE, _LEN.pack(len(value)))
+        for item in value:
+            _encode(item, out)
+    else:
+        raise TypeError(f"StreamKeyCoder cannot encode {t.__name__} {value!r:.80}: keys and users "
+                        "are normalised by dp_beam.transforms.stream_keys.normalize_key first")
+
+
+def _decode(data, pos):
+    tag = data[pos:pos + 1]
+    pos += 1
+    if tag == _NONE:
+        return None, pos
+    if tag == _FLOAT:
+        return _DOUBLE.unpack_from(data, pos)[0], pos + 8
+    if tag == _BOOL:
+        return data[pos] == 1, pos + 1
+    (n,) = _LEN.unpack_from(data, pos)
+    pos += 4
+    if tag == _TUPLE:
+        items = []
+        for _ in range(n):
+            item, pos = _decode(data, pos)
+            items.append(item)
+        return tuple(items), pos
+    raw = data[pos:pos + n]
+    pos += n
+    if tag == _STR:
+        return raw.decode("utf-8", "surrogatepass"), pos
+    if tag == _INT:
+        return int.from_bytes(raw, "big", signed=True), pos
+    if tag == _BYTES:
+        return bytes(raw), pos
+    raise ValueError(f"StreamKeyCoder: unknown tag {tag!r}")
+
+
+class StreamKeyCoder(coders.Coder):
+    """A deterministic coder of normalised keys and user ids (tag, length, value; tuples nested).
+
+    >>> c = StreamKeyCoder()
+    >>> c.decode(c.encode(("AA", 7, 0.5, None, b"x")))
+    ('AA', 7, 0.5, None, b'x')
+    >>> c.encode("AA") == c.encode(str(np.str_("AA"))), c.is_deterministic()
+    (True, True)
+    """
+
+    def encode(self, value):
+        out = []
+        _encode(value, out)
+        return b"".join(out)
+
+    def decode(self, encoded):
+        value, _ = _decode(encoded, 0)
+        return value
+
+    def is_deterministic(self):
+        return True
+
+    def to_type_hint(self):
+        return StreamKey
+
+    def __eq__(self, other):
+        return type(self) is type(other)
+
+    def __hash__(self):
+        return hash(type(self))
+
+
+coders.registry.register_coder(StreamKey, StreamKeyCoder)

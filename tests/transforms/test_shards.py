@@ -1,0 +1,142 @@
+"""The sharded release gives the per-key release's records, bit for bit, on batch and streaming input."""
+
+import apache_beam as beam
+import pytest
+from apache_beam.testing import test_stream
+
+import dp_beam as dpb
+from dp_beam.transforms.shards import KEYS_PER_SHARD, default_shards, shard_of
+from tests.beam_util import batch_options, collect, streaming_options
+
+HOUR = 3600.0
+KEY = dpb.NoiseKey.from_bytes(bytes(range(32)))
+
+
+def _events(keys, steps):
+    # Uneven traffic (key k has k % 3 events per step), one undeclared key and
+    # one event outside the schedule, so invalid records are compared too.
+    out = [(f"k{k}", s * HOUR + 60.0 * j, float(j + k % 5)) for k in range(keys) for s in range(steps)
+           for j in range(k % 3)]
+    return out + [("stranger", 10.0, 1.0), ("k1", steps * HOUR + 5.0, 1.0)]
+
+
+def _stamp(e):
+    return beam.window.TimestampedValue(e, e[1])
+
+
+def _records(out):
+    releases = sorted((r.key, r.step, r.value, r.noise_std, r.ci95) for r in out["releases"])
+    ledger = sorted(repr(e) for e in out["accounting"])
+    invalid = sorted((i.reason, i.count, i.id) for i in out["invalid"])
+    return releases, ledger, invalid
+
+
+def _run_batch(make, keys, steps, shards):
+    events = _events(keys, steps)
+
+    def build(p):
+        res = p | beam.Create(events) | beam.Map(_stamp) | make(shards)
+        return {"releases": res.releases, "accounting": res.accounting, "invalid": res.invalid}
+
+    return _records(collect(batch_options(), build))
+
+
+def _count(keys, steps):
+    return lambda shards: dpb.ContinualCount(
+        epsilon=1.0, step=HOUR, start=0, end=steps * HOUR, key_fn=lambda e: e[0],
+        keys=[f"k{k}" for k in range(keys)], noise_key=KEY, shards=shards)
+
+
+def _sum(keys, steps):
+    return lambda shards: dpb.ContinualSum(
+        value_fn=lambda e: e[2], lower=0.0, upper=4.0, epsilon=1.0, step=HOUR, start=0,
+        end=steps * HOUR, key_fn=lambda e: e[0], keys=[f"k{k}" for k in range(keys)], noise_key=KEY,
+        shards=shards)
+
+
+@pytest.mark.parametrize("make", [_count, _sum], ids=["count", "sum"])
+def test_batch_sharded_release_equals_per_key_release(make):
+    keys, steps = 12, 9
+    per_key = _run_batch(make(keys, steps), keys, steps, 0)
+    assert len(per_key[0]) == keys * steps and per_key[2]      # every step; invalid records too
+    assert _run_batch(make(keys, steps), keys, steps, 3) == per_key
+    assert _run_batch(make(keys, steps), keys, steps, 1) == per_key
+
+
+def test_batch_sharded_mean_equals_per_key_mean():
+    keys, steps = 6, 6
+    events = [(f"k{k}", s * HOUR + 60.0 * j, float((k + j) % 7), f"u{j}") for k in range(keys)
+              for s in range(steps) for j in range(3)]
+
+    def run(shards):
+        def build(p):
+            res = (p | beam.Create(events) | beam.Map(_stamp)
+                   | dpb.ContinualMean(user_fn=lambda e: e[3], value_fn=lambda e: e[2], lower=0.0,
+                                       upper=6.0, max_samples_per_user=4, epsilon=1.0, step=HOUR,
+                                       start=0, end=steps * HOUR, key_fn=lambda e: e[0],
+                                       keys=[f"k{k}" for k in range(keys)], max_users=100,
+                                       noise_key=KEY, shards=shards))
+            return {"releases": res.releases, "accounting": res.accounting}
+
+        out = collect(batch_options(), build)
+        return (sorted(repr(r) for r in out["releases"]), sorted(repr(e) for e in out["accounting"]))
+
+    per_key = run(0)
+    assert len(per_key[0]) == keys * steps
+    assert run(2) == per_key
+
+
+def test_streaming_sharded_release_equals_per_key_release_with_late_data():
+    """TestStream: the watermark passes steps in jumps, one event is late (deferred)
+    and one is dropped: the shard's single timer reproduces every stream's firings."""
+    keys, steps = 5, 6
+
+    def stream():
+        s = test_stream.TestStream()
+        s.advance_watermark_to(0)
+        s.add_elements([beam.window.TimestampedValue(("k0", 10.0, 1.0), 10.0),
+                        beam.window.TimestampedValue(("k3", 20.0, 1.0), 20.0)])
+        s.advance_watermark_to(2 * HOUR + 1)
+        s.add_elements([beam.window.TimestampedValue(("k1", 2 * HOUR + 30.0, 1.0), 2 * HOUR + 30.0),
+                        beam.window.TimestampedValue(("k2", 100.0, 1.0), 100.0)])   # late: step 0
+        s.advance_watermark_to(5 * HOUR + 1)
+        s.add_elements([beam.window.TimestampedValue(("k4", 5 * HOUR + 9.0, 1.0), 5 * HOUR + 9.0)])
+        s.advance_watermark_to_infinity()
+        return s
+
+    def run(shards, late):
+        def build(p):
+            res = (p | stream()
+                   | dpb.ContinualCount(epsilon=1.0, step=HOUR, start=0, end=steps * HOUR,
+                                        key_fn=lambda e: e[0], timestamp_fn=lambda e: e[1],
+                                        keys=[f"k{k}" for k in range(keys)], noise_key=KEY,
+                                        late=late, shards=shards))
+            return {"releases": res.releases, "accounting": res.accounting, "invalid": res.invalid}
+
+        return _records(collect(streaming_options(), build))
+
+    for late in ("defer", "drop"):
+        per_key = run(0, late)
+        assert len(per_key[0]) == keys * steps
+        assert run(2, late) == per_key
+
+
+def test_shards_validation_and_default():
+    with pytest.raises(ValueError, match="shards"):
+        dpb.ContinualCount(epsilon=1.0, step=HOUR, start=0, end=HOUR, shards=-1)
+    with pytest.raises(ValueError, match="shards"):
+        dpb.ContinualCount(epsilon=1.0, step=HOUR, start=0, end=HOUR, shards=True)
+    many = dpb.ContinualCount(epsilon=1.0, step=HOUR, start=0, end=HOUR, key_fn=lambda e: e,
+                              keys=list(range(10 * KEYS_PER_SHARD)))
+    few = dpb.ContinualCount(epsilon=1.0, step=HOUR, start=0, end=HOUR, key_fn=lambda e: e,
+                             keys=list(range(3)))
+    assert (many._shards, few._shards) == (10, 0) == (default_shards(10 * KEYS_PER_SHARD), default_shards(3))
+
+
+def test_shard_of_is_stable_and_spreads_keys():
+    counts = [0] * 8
+    for k in range(4000):
+        counts[shard_of(f"k{k}", 8)] += 1
+    # 4000 keys in 8 shards: each count is Binomial(4000, 1/8), sd ≈ 20.9; 5 sd.
+    assert all(abs(c - 500) < 5 * 20.9 for c in counts)
+    assert shard_of(("a", 1), 5) == shard_of(("a", 1), 5)
