@@ -527,6 +527,15 @@ class FactorisationMechanism:
             size += self._roots.size
         return int(size)
 
+    def set_noise_source(self, rng):
+        """Draw all later noise from ``rng`` (resolved like the constructor's).
+
+        The state is unchanged, so this equals ``from_state(to_state(), rng)``
+        without the round trip; a release DoFn gives every step its own keyed
+        source this way.
+        """
+        self._source = make_noise(rng)
+
     def _draw(self, scale, count):
         """``count`` noise vectors of length dim, drawn in one call (order is part of the state)."""
         size = count * self._dim

@@ -555,10 +555,17 @@ def _round_scalar(x, k):
     x = float(x)
     if not math.isfinite(x):
         raise ValueError(f"x must be finite, got {x!r}")
-    # Fraction.__round__ rounds half to even; the division by 2^k is exact.
-    r = round(Fraction(x) / Fraction(2) ** k)
-    # Exact: if |x| >= 2^(53+k) x is already a multiple of 2^k and r·2^k = x;
-    # otherwise |r| <= 2^53.
+    # Exact: scaling by a power of two is exact unless it overflows or falls
+    # below 2^-1022 (then |y| < 1/2, which rounds to 0 either way); round() of
+    # a float is exact, half to even. If |x| >= 2^(53+k) (an overflow
+    # included), x is already a multiple of 2^k.
+    try:
+        y = math.ldexp(x, -k)
+    except OverflowError:
+        return x
+    r = round(y)
+    if abs(r) > _EXACT_INT:
+        return x
     return math.ldexp(float(r), k)
 
 
@@ -729,13 +736,16 @@ class KeyedNoise(NoiseSource):
             raise ValueError(f"noise_key must be a NoiseKey, got {type(noise_key).__name__}")
         if not isinstance(identity, tuple):
             raise ValueError(f"identity must be a tuple of labels, got {identity!r}")
-        # Encoding now both validates the labels eagerly and caches the
-        # fixed part of every draw's encoded identity.
-        encode_identity(identity)
+        # Encoding now both validates the labels eagerly and gives the fixed
+        # part of every draw's encoded identity, reused by _next_stream.
+        parts = []
+        for label in identity:
+            _encode_label(label, parts)
         self._noise_key = noise_key
         self._identity = identity
         self._draws = 0
         self._prefix = None
+        self._encoded = b"".join(parts)
 
     @property
     def noise_key(self):
@@ -765,6 +775,7 @@ class KeyedNoise(NoiseSource):
         self._identity = state["identity"]
         self._draws = state["draws"]
         self._prefix = None
+        self._encoded = None
 
     def __repr__(self):
         return f"KeyedNoise({self._noise_key!r}, identity={self._identity!r}, draws={self._draws})"
@@ -774,11 +785,13 @@ class KeyedNoise(NoiseSource):
             # The identity of draw n is identity + (n,): a tuple of one more
             # label, so its encoding is a fixed prefix (with the longer
             # count) followed by the encoded counter.
-            parts = []
-            for label in self._identity:
-                _encode_label(label, parts)
+            if self._encoded is None:
+                parts = []
+                for label in self._identity:
+                    _encode_label(label, parts)
+                self._encoded = b"".join(parts)
             header = b"T" + _encode_length(len(self._identity) + 1)
-            self._prefix = self._noise_key._prefix_hasher(header + b"".join(parts))
+            self._prefix = self._noise_key._prefix_hasher(header + self._encoded)
         parts = []
         _encode_label(self._draws, parts)
         hasher = self._prefix.copy()

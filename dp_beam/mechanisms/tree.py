@@ -63,6 +63,13 @@ def restore_parameters(cls, state, rng, fields):
     return mech, int(t), values
 
 
+@functools.lru_cache(maxsize=4096)
+def _laplace_halfwidth(scales, level):
+    # A release's node scales repeat across steps and keys (they depend on
+    # popcount(t) and the epoch only), so each pattern is inverted once.
+    return laplace_sum_halfwidth(scales, level)
+
+
 @functools.lru_cache(maxsize=1024)
 def _node_scale(noise, levels, sensitivity, epsilon, delta, calibration):
     # Calibrated for the node sensitivity padded by one grid step: with an
@@ -371,6 +378,15 @@ class BinaryTreeMechanism:
             self._scales[levels] = scale
         return scale
 
+    def set_noise_source(self, rng):
+        """Draw all later noise from ``rng`` (resolved like the constructor's).
+
+        The state is unchanged, so this equals ``from_state(to_state(), rng)``
+        without the round trip; a release DoFn gives every step its own keyed
+        source this way.
+        """
+        self._source = make_noise(rng)
+
     def _draw(self, scale):
         if self._noise == "laplace":
             return self._source.laplace(scale, self._dim)
@@ -448,7 +464,7 @@ class BinaryTreeMechanism:
         the Gaussian case uses the normal quantile (spec §1.3).
         """
         if self._noise == "laplace":
-            return laplace_sum_halfwidth(self.noise_scales(t), level)
+            return _laplace_halfwidth(tuple(self.noise_scales(t)), float(level))
         return gaussian_halfwidth(self.noise_std(t), level)
 
     def privacy_cost(self):

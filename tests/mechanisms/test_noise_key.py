@@ -593,3 +593,16 @@ def test_grid_padded_scale_covers_one_grid_step_per_value():
         assert scale <= ratio * sens * (1 + 2.0**-28 * ratio)
         spread = grid_padded_scale(sens, lambda s: ratio * s, spread=3.0)
         assert spread >= ratio * (sens + 3.0 * 2.0 ** grid_exponent(spread))
+
+
+def test_round_to_grid_equals_exact_rational_rounding():
+    """The float fast path of round_to_grid against exact Fraction rounding (half
+    to even) on values across the float range, ties and huge/tiny magnitudes."""
+    rng = np.random.default_rng(0)
+    values = list(rng.standard_normal(300) * 10.0 ** rng.integers(-30, 30, 300))
+    values += [2.0**-31, 3 * 2.0**-31, -5 * 2.0**-31, 1e308, -1e308, 5e-324, 2.0**60 + 2.0**8]
+    for scale in (1.0, 3.7e-20, 2.5e25, 1e-300):
+        k = grid_exponent(scale)
+        for x in values:
+            want = float(round(Fraction(x) / Fraction(2) ** k) * Fraction(2) ** k)
+            assert round_to_grid(x, scale) == want
