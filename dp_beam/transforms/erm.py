@@ -85,7 +85,7 @@ from dp_beam.records import LedgerEntry
 from dp_beam.records_erm import ModelRecord
 from dp_beam.transforms.continual import per_step
 from dp_beam.transforms.events import (INVALID, NAMESPACE, TRANSIENT_ERRORS, ValidatingDoFn,
-                                       as_real, check_transient_errors)
+                                       check_transient_errors)
 from dp_beam.transforms.release import ReleaseSpec, key_label
 from dp_beam.transforms.stream_keys import KV
 from dp_beam.transforms.streams import (private_keys, release_streams, set_release_options,
@@ -189,30 +189,10 @@ class _PreparePoints(ValidatingDoFn):
             if err:
                 yield self._reject(element, err, timestamp)
                 return
-        raw, err = self._call("features_fn", self._features_fn, element)
+        features, err = self._features(self._features_fn, self._d, element)
         if err:
             yield self._reject(element, err, timestamp)
             return
-        try:
-            values = list(raw)
-        except self._transient:
-            raise
-        except Exception:  # not iterable, or its iteration fails: bad data
-            yield self._reject(
-                element, f"features_fn returned {type(raw).__name__}, not a sequence", timestamp)
-            return
-        if len(values) != self._d:
-            yield self._reject(
-                element, f"features_fn returned {len(values)} values, expected {self._d}",
-                timestamp)
-            return
-        features = []
-        for v in values:
-            x, err = as_real(v)
-            if err:
-                yield self._reject(element, f"feature {err}", timestamp)
-                return
-            features.append(x)
         label, err = self._call("label_fn", self._label_fn, element)
         if err:
             yield self._reject(element, err, timestamp)

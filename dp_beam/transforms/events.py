@@ -229,6 +229,31 @@ class ValidatingDoFn(beam.DoFn):
         except Exception as e:  # a data error in a user function must not kill the job
             return None, f"{name} raised {type(e).__name__}: {e}"
 
+    def _features(self, fn, dim, element):
+        """``(list of dim floats, None)`` from ``fn(element)``, or ``(None, reason)``.
+
+        A result that is not a sequence of ``dim`` real numbers is a data
+        error; a transient error of ``fn``, or of iterating its result, is
+        re-raised (as :meth:`_call`)."""
+        raw, err = self._call("features_fn", fn, element)
+        if err:
+            return None, err
+        try:
+            values = list(raw)
+        except self._transient:
+            raise
+        except Exception:  # not iterable, or its iteration fails: bad data
+            return None, f"features_fn returned {type(raw).__name__}, not a sequence"
+        if len(values) != dim:
+            return None, f"features_fn returned {len(values)} values, expected {dim}"
+        features = []
+        for v in values:
+            x, err = as_real(v)
+            if err:
+                return None, f"feature {err}"
+            features.append(x)
+        return features, None
+
     def _event_time(self, element, timestamp):
         """``(seconds, None)``, or ``(None, reason)`` when the event time is unusable."""
         if self._timestamp_fn is not None:

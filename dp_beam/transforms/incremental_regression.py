@@ -95,29 +95,10 @@ class _EncodePoints(ValidatingDoFn):
         if err:
             yield self._reject(element, err, timestamp)
             return
-        raw, err = self._call("features_fn", self._features_fn, element)
+        features, err = self._features(self._features_fn, self._dim, element)
         if err:
             yield self._reject(element, err, timestamp)
             return
-        try:
-            values = list(raw)
-        except self._transient:
-            raise
-        except Exception:  # not iterable, or its iteration fails: bad data
-            yield self._reject(element, f"features_fn returned {type(raw).__name__}, not a sequence",
-                               timestamp)
-            return
-        if len(values) != self._dim:
-            yield self._reject(element, f"features_fn returned {len(values)} values, expected "
-                                        f"{self._dim}", timestamp)
-            return
-        features = []
-        for v in values:
-            x, err = as_real(v)
-            if err:
-                yield self._reject(element, f"feature {err}", timestamp)
-                return
-            features.append(x)
         raw_label, err = self._call("label_fn", self._label_fn, element)
         if err:
             yield self._reject(element, err, timestamp)
