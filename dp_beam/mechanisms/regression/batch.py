@@ -40,7 +40,7 @@ Example (a test seed; production leaves ``rng=None``):
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Optional
 
 import numpy as np
@@ -49,7 +49,7 @@ from ..erm import NOISE_KINDS, OutputPerturbation
 from ..noise import make_noise
 from ..noise_key import round_to_grid
 from .base import RegressionRelease, StepMixin, check_delta, check_epsilon, check_int, check_real
-from .constraints import Constraint, L2Ball, check_constraint, constraint_from_dict
+from .constraints import Constraint, ConstrainedParams, L2Ball, check_constraint
 from .moments import smat, svec_dim
 
 __all__ = ["PrivIncERMParams", "PrivIncERM", "SquaredLoss", "RidgeOutputPerturbation",
@@ -129,7 +129,7 @@ class RidgeOutputPerturbation(OutputPerturbation):
 
 
 @dataclass(frozen=True)
-class PrivIncERMParams:
+class PrivIncERMParams(ConstrainedParams):
     """Public parameters of :class:`PrivIncERM`; ``ValueError`` names a bad one.
 
     ``horizon`` T (steps) is required: k = ⌈T/τ⌉ sets the per-run budget.
@@ -177,17 +177,6 @@ class PrivIncERMParams:
     @property
     def run_delta(self) -> float:
         return per_run_budget(self.epsilon, self.delta, self.runs)[1]
-
-    def to_dict(self) -> dict:
-        out = asdict(self)
-        out["constraint"] = self.constraint.to_dict()
-        return out
-
-    @classmethod
-    def from_dict(cls, data):
-        data = dict(data)
-        data["constraint"] = constraint_from_dict(data["constraint"])
-        return cls(**data)
 
 
 class PrivIncERM(StepMixin):

@@ -22,13 +22,13 @@ from __future__ import annotations
 
 import math
 import numbers
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Union
 
 import numpy as np
 from scipy import integrate, special
 
-__all__ = ["L2Ball", "L1Ball", "Constraint", "constraint_from_dict", "check_constraint"]
+__all__ = ["L2Ball", "L1Ball", "Constraint", "ConstrainedParams", "constraint_from_dict", "check_constraint"]
 
 
 def _radius(value) -> float:
@@ -166,3 +166,18 @@ def constraint_from_dict(data) -> Constraint:
         raise ValueError(f"constraint state must be a dict with kind 'l2_ball' or 'l1_ball', got {data!r}")
     cls = L2Ball if data["kind"] == "l2_ball" else L1Ball
     return cls(data.get("radius"))
+
+
+class ConstrainedParams:
+    """``to_dict``/``from_dict`` of a frozen parameter dataclass with a ``constraint`` field."""
+
+    def to_dict(self) -> dict:
+        out = asdict(self)
+        out["constraint"] = self.constraint.to_dict()
+        return out
+
+    @classmethod
+    def from_dict(cls, data):
+        data = dict(data)
+        data["constraint"] = constraint_from_dict(data["constraint"])
+        return cls(**data)

@@ -76,14 +76,14 @@ True
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Optional
 
 import numpy as np
 
 from ..noise import ZeroNoise, make_noise
 from .base import RegressionRelease, StepMixin, check_delta, check_epsilon, check_int, check_real
-from .constraints import Constraint, L2Ball, check_constraint, constraint_from_dict
+from .constraints import Constraint, ConstrainedParams, L2Ball, check_constraint
 from .moments import COUNTERS, SPLITS, NoisyMoments
 from .solvers import (gradient_error_bound, lift, noisy_proj_grad, npg_schedule, psd_part,
                       solve_quadratic)
@@ -96,7 +96,7 @@ SOLVERS = ("exact", "noisy_proj_grad")
 
 
 @dataclass(frozen=True)
-class PrivIncReg1Params:
+class PrivIncReg1Params(ConstrainedParams):
     """Public parameters of :class:`PrivIncReg1` (validated at construction; ``ValueError`` names one).
 
     ``dim`` d; ``epsilon``, ``delta`` of the whole output sequence; ``constraint`` C;
@@ -136,17 +136,6 @@ class PrivIncReg1Params:
             raise ValueError(f"split must be one of {SPLITS}, got {self.split!r}")
         object.__setattr__(self, "beta", check_real("beta", self.beta, unit_interval=True))
         object.__setattr__(self, "max_iterations", check_int("max_iterations", self.max_iterations))
-
-    def to_dict(self) -> dict:
-        out = asdict(self)
-        out["constraint"] = self.constraint.to_dict()
-        return out
-
-    @classmethod
-    def from_dict(cls, data):
-        data = dict(data)
-        data["constraint"] = constraint_from_dict(data["constraint"])
-        return cls(**data)
 
 
 class _Incremental(StepMixin):
