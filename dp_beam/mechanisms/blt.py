@@ -42,6 +42,10 @@ def _geometric(q, n):
     return out
 
 
+#: Row norms a plan remembers (a year of hourly steps is 8,760).
+_B_SQ_CACHE = 1 << 16
+
+
 class _Closed:
     """Closed forms of ``Σ_{i<n} c_i²`` and ``Σ_{i<n} b_i²`` (b = row of B = A C⁻¹).
 
@@ -71,7 +75,17 @@ class _Closed:
         return 1.0 + float(np.real(np.sum(np.outer(w, w) * _geometric(np.outer(self.theta, self.theta), n - 1))))
 
     def b_sq(self, n):
-        return float(np.real(np.sum(np.outer(self.coef, self.coef) * _geometric(np.outer(self.base, self.base), n))))
+        # Every stream with this plan asks for the same n at the same step:
+        # remember the answers (a float each; bounded like the horizons).
+        cache = self.__dict__.setdefault("_b_sq", {})
+        value = cache.get(n)
+        if value is None:
+            value = float(np.real(np.sum(np.outer(self.coef, self.coef)
+                                         * _geometric(np.outer(self.base, self.base), n))))
+            if len(cache) >= _B_SQ_CACHE:
+                cache.clear()
+            cache[n] = value
+        return value
 
 
 def blt_errors(theta, omega, horizon):
@@ -149,6 +163,7 @@ def blt_parameters(horizon):
     return tuple(entry["theta"]), tuple(entry["omega"])
 
 
+@functools.lru_cache(maxsize=1024)
 def _table_horizon(horizon):
     """Smallest tabulated horizon >= horizon (the largest one past the table)."""
     from .blt_table import BLT_TABLE

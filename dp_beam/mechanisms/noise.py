@@ -360,4 +360,10 @@ def gaussian_halfwidth(std, level=0.95):
     """
     level = _check_level(level)
     std = _check_scale("std", std)
-    return std * float(stats.norm.ppf((1.0 + level) / 2.0))
+    return std * _normal_quantile(level)
+
+
+@functools.lru_cache(maxsize=64)
+def _normal_quantile(level):
+    """Φ⁻¹((1+level)/2); SciPy's ppf costs ~0.3 ms, and releases ask for one level."""
+    return float(stats.norm.ppf((1.0 + level) / 2.0))

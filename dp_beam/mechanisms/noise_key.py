@@ -45,6 +45,7 @@ the enlarged sensitivity.
 
 import base64
 import binascii
+import functools
 import hashlib
 import hmac
 import math
@@ -296,7 +297,16 @@ def _encode_label(value, out):
     # Every label is a one-byte type tag followed by a self-delimiting body,
     # so the encoding of a tuple is injective and prefix-free: ("a", "bc")
     # and ("ab", "c") differ, and so do 1, 1.0, "1" and True.
-    if value is None:
+    kind = type(value)
+    # Exact built-in types first (the labels of every draw): the ABC checks
+    # below cost more than the encoding itself.
+    if kind is int:
+        body = value.to_bytes((value.bit_length() + 8) // 8, "big", signed=True)
+        out.append(b"I" + _encode_length(len(body)) + body)
+    elif kind is str:
+        body = value.encode("utf-8", "surrogatepass")
+        out.append(b"S" + _encode_length(len(body)) + body)
+    elif value is None:
         out.append(b"N")
     elif isinstance(value, (bool, np.bool_)):
         out.append(b"B\x01" if value else b"B\x00")
@@ -592,6 +602,9 @@ def round_to_grid(x, scale):
     k = grid_exponent(scale)
     if np.ndim(x) == 0:
         return _round_scalar(x, k)
+    if type(x) is np.ndarray and x.shape == (1,):
+        # A scalar mechanism's node: the same rounding without the array round trip.
+        return np.array([_round_scalar(x[0], k)])
     values = np.asarray(x, dtype=np.float64)
     return np.array([_round_scalar(v, k) for v in values.ravel()], dtype=np.float64).reshape(values.shape)
 
@@ -609,6 +622,27 @@ def _to_grid_float(z, k):
     return math.ldexp(float(z), k)
 
 
+@functools.lru_cache(maxsize=4096)
+def _grid_ratio(scale, power):
+    """``(k, p, q)`` with ``p/q = (scale/2^k)^power`` exactly, k = :func:`grid_exponent`.
+
+    A mechanism draws many values of one public scale: the exact ratio is
+    computed once per scale (the Fractions cost more than a draw's hashing).
+    """
+    scale = _positive_float("scale" if power == 1 else "sigma", scale)
+    k = grid_exponent(scale)
+    ratio = (Fraction(scale) / Fraction(2) ** k) ** power
+    return k, ratio.numerator, ratio.denominator
+
+
+@functools.lru_cache(maxsize=4096)
+def _integer_ratio(scale, exponent, power):
+    """``(p, q)`` with ``p/q = (scale/2^exponent)^power`` exactly (one public scale per
+    mechanism: computed once, not at every draw)."""
+    ratio = (Fraction(scale) / Fraction(2) ** exponent) ** power
+    return ratio.numerator, ratio.denominator
+
+
 def grid_laplace(stream, scale):
     """One Laplace-like noise of float scale b > 0: ``Z·2^k`` with Z ~ DLap(b/2^k).
 
@@ -622,10 +656,8 @@ def grid_laplace(stream, scale):
     >>> (Fraction(v) / Fraction(2) ** grid_exponent(2.5)).denominator
     1
     """
-    scale = _positive_float("scale", scale)
-    k = grid_exponent(scale)
-    ratio = Fraction(scale) / Fraction(2) ** k
-    return _to_grid_float(_discrete_laplace(stream, ratio.numerator, ratio.denominator), k)
+    k, num, den = _grid_ratio(scale, 1)
+    return _to_grid_float(_discrete_laplace(stream, num, den), k)
 
 
 def grid_gaussian(stream, sigma):
@@ -640,10 +672,8 @@ def grid_gaussian(stream, sigma):
     >>> (Fraction(v) / Fraction(2) ** grid_exponent(2.5)).denominator
     1
     """
-    sigma = _positive_float("sigma", sigma)
-    k = grid_exponent(sigma)
-    ratio_squared = (Fraction(sigma) / Fraction(2) ** k) ** 2
-    return _to_grid_float(_discrete_gaussian(stream, ratio_squared.numerator, ratio_squared.denominator), k)
+    k, num, den = _grid_ratio(sigma, 2)
+    return _to_grid_float(_discrete_gaussian(stream, num, den), k)
 
 
 def grid_padded_scale(sensitivity, scale_of, spread=1.0):
@@ -764,7 +794,21 @@ class KeyedNoise(NoiseSource):
         """A fresh source (counter 0) for the identity extended by the labels ``more``."""
         if not more:
             raise ValueError("for_identity needs at least one label, else the child repeats this source's identity")
-        return KeyedNoise(self._noise_key, self._identity + more)
+        if self._encoded is None:
+            return KeyedNoise(self._noise_key, self._identity + more)
+        # The labels are encoded one after another, so the child's encoding
+        # is this one's followed by the new labels' (what __init__ would
+        # compute, without encoding the shared prefix again).
+        parts = [self._encoded]
+        for label in more:
+            _encode_label(label, parts)
+        child = KeyedNoise.__new__(KeyedNoise)
+        child._noise_key = self._noise_key
+        child._identity = self._identity + more
+        child._draws = 0
+        child._prefix = None
+        child._encoded = b"".join(parts)
+        return child
 
     def __getstate__(self):
         # The cached hash state cannot be pickled; it is rebuilt on demand.
@@ -837,11 +881,10 @@ class KeyedNoise(NoiseSource):
         stream = self._next_stream()
         if scale == 0.0 or size == 0:
             return [0] * size
-        ratio = Fraction(scale) / Fraction(2) ** int(exponent)
+        num, den = _integer_ratio(scale, int(exponent), 1 if kind == "laplace" else 2)
         if kind == "laplace":
-            return [_discrete_laplace(stream, ratio.numerator, ratio.denominator) for _ in range(size)]
-        squared = ratio * ratio
-        return [_discrete_gaussian(stream, squared.numerator, squared.denominator) for _ in range(size)]
+            return [_discrete_laplace(stream, num, den) for _ in range(size)]
+        return [_discrete_gaussian(stream, num, den) for _ in range(size)]
 
     def exponential_choice(self, gammas):
         """Index i drawn with probability exactly ``exp(−γ_i) / Σ_j exp(−γ_j)``.

@@ -298,6 +298,11 @@ class BinaryTreeMechanism:
         return t
 
     def _check_x(self, x):
+        if type(x) is float and self._dim == 1:
+            # The common case (a step total), without NumPy's parsing.
+            if not math.isfinite(x):
+                raise ValueError(f"x must be finite, got {x!r}")
+            return np.array([x])
         if isinstance(x, (str, bytes)):
             # NumPy would parse "3" as 3.0; a string is a caller bug here.
             raise ValueError(f"x must be a number or an array of {self._dim} numbers, got {x!r}")
@@ -439,12 +444,19 @@ class BinaryTreeMechanism:
         completed epoch). Public: depends only on t and the parameters.
         """
         t = self._check_t(t)
+        last = self.__dict__.get("_last_scales")
+        if last is not None and last[0] == t:
+            # A release asks twice per step (noise_std and ci_halfwidth).
+            return list(last[1])
         if self._horizon is not None:
-            return [self._node_scale(self._horizon.bit_length())] * bin(t).count("1")
-        k = t.bit_length() - 1
-        count = t - (1 << k) + 1
-        roots = [self._node_scale(j + 1) for j in range(k)]
-        return roots + [self._node_scale(k + 1)] * bin(count).count("1")
+            scales = [self._node_scale(self._horizon.bit_length())] * bin(t).count("1")
+        else:
+            k = t.bit_length() - 1
+            count = t - (1 << k) + 1
+            scales = [self._node_scale(j + 1) for j in range(k)]
+            scales += [self._node_scale(k + 1)] * bin(count).count("1")
+        self._last_scales = (t, tuple(scales))
+        return scales
 
     def noise_std(self, t):
         """Standard deviation of each coordinate of the release at step t (1-based).
@@ -500,12 +512,12 @@ class BinaryTreeMechanism:
         """Add the count-th element x to a tree (spec §1.1 ``add``, in the h-vector form)."""
         i = _trailing_zeros(count)
         exact = x + nodes[i]
-        above = np.arange(i + 1, nodes.shape[0])
-        if above.size:
-            # Bits above i are the same in count−1 and count; each open (0)
-            # level there will create a node that contains x.
-            open_levels = above[((count >> above) & 1) == 0]
-            nodes[open_levels] += x
+        # Bits above i are the same in count−1 and count; each open (0) level
+        # there will create a node that contains x. (A loop: the trees are a
+        # few dozen levels at most, and NumPy's index arrays cost more.)
+        for level in range(i + 1, nodes.shape[0]):
+            if not (count >> level) & 1:
+                nodes[level] += x
         nodes[:i] = 0.0
         nodes[i] = self._noised(exact, scale)
 

@@ -31,7 +31,7 @@ from dp_beam.transforms.events import (CAPPED, INVALID, TRANSIENT_ERRORS, UNBOUN
 from dp_beam.transforms.keys import UNITS, EventUnits
 from dp_beam.transforms.release import ReleaseSpec
 from dp_beam.transforms.stream_keys import KV, StreamKey
-from dp_beam.transforms.streams import (private_keys, release_streams, set_release_options,
+from dp_beam.transforms.streams import (private_keys, raw_steps, release_streams, set_release_options,
                                         validation)
 
 
@@ -85,6 +85,19 @@ class _KeyByStep(beam.DoFn):
     def process(self, element, timestamp=beam.DoFn.TimestampParam):
         key, value = element
         yield (key, timestamp.micros // self._step_micros), value
+
+
+@beam.typehints.with_output_types(Tuple[StreamKey, Tuple[int, Any]])
+class _EventStep(beam.DoFn):
+    """``(key, value)`` → ``(key, (step, value))``: one event and its step, for a release that
+    combines per (key, step) itself."""
+
+    def __init__(self, step_micros):
+        self._step_micros = step_micros
+
+    def process(self, element, timestamp=beam.DoFn.TimestampParam):
+        key, value = element
+        yield key, (timestamp.micros // self._step_micros, value)
 
 
 @beam.typehints.with_output_types(Tuple[StreamKey, Tuple[int, Any]])
@@ -396,14 +409,21 @@ class _ContinualTotal(beam.PTransform):
         elif selecting is not None:
             units = valid | "EventUnits" >> beam.ParDo(EventUnits())
 
-        aggregates = per_step(valid, _SumCount(), self._step, self._step_micros,
-                              events.is_bounded, self._fanout)
+        combine_fn = None
+        if raw_steps(self, events) and self._fanout is None:
+            # The sharded batch release groups per shard anyway: it combines
+            # per (key, step) there, which saves the combine's own grouping.
+            aggregates = valid | "EventStep" >> beam.ParDo(_EventStep(self._step_micros))
+            combine_fn = _SumCount()
+        else:
+            aggregates = per_step(valid, _SumCount(), self._step, self._step_micros,
+                                  events.is_bounded, self._fanout)
 
         entry = self.plan_entry(label)
         spec = CounterReleaseSpec(label, self._step, self._mechanism, self._mechanism_args, entry,
                                   self._monotone, self._grid_exponent)
         return release_streams(self, events, aggregates, spec, entry, invalids, units=units,
-                               unit=self._unit)
+                               unit=self._unit, combine_fn=combine_fn)
 
 
 class ContinualCount(_ContinualTotal):

@@ -42,6 +42,8 @@ from dp_beam.transforms.schedule import NotAdmitted, Schedule, StreamStart
 from dp_beam.transforms.stream_keys import KV
 
 ACCOUNTING = "accounting"
+#: Stream keys whose base noise source a release DoFn keeps (each a few hundred bytes).
+_SOURCE_CACHE = 4096
 #: ``next_step`` of a stream that will release nothing more.
 CLOSED = 2 ** 62
 NOT_ADMITTED = "key not admitted by private key selection"
@@ -357,6 +359,7 @@ class OrderedReleaseDoFn(beam.DoFn):
         self._too_late = Metrics.counter(NAMESPACE, f"{label}.beyond_lateness_events")
         self._progress = ReleaseProgress(label)  # rate-limited progress lines, events_used
         self._noise = None
+        self._sources = {}
 
     def setup(self):
         if self._seed is not None and not isinstance(self._seed, int):
@@ -369,11 +372,23 @@ class OrderedReleaseDoFn(beam.DoFn):
         """The noise source of ``key``'s draws at ``step``; ``phase`` separates the draws made
         when a stream opens from those of its first step."""
         if self._noise_key is not None:
-            return KeyedNoise(self._noise_key, (self._spec.transform, key_label(key), step, phase))
+            return self._key_source(key).for_identity(step, phase)
         if not self._per_step_seed():
             return self._noise
         entropy = [self._seed, _stable_hash(key), step & (2**63 - 1)]
         return make_noise(np.random.default_rng(entropy if phase == "step" else entropy + [1]))
+
+    def _key_source(self, key):
+        """The keyed source of identity ``(transform, key)``, whose children name the draws of
+        one step: kept for the most recent keys, so a key's label is encoded once, not at
+        every step (a sharded release cycles through its shard's keys)."""
+        sources = self._sources
+        source = sources.get(key)
+        if source is None:
+            if len(sources) >= _SOURCE_CACHE:
+                sources.clear()
+            source = sources[key] = KeyedNoise(self._noise_key, (self._spec.transform, key_label(key)))
+        return source
 
     def _end_micros(self, step):
         return int(round(self._spec.window_end(step) * 1e6)) / 1e6
@@ -528,6 +543,9 @@ class OrderedReleaseDoFn(beam.DoFn):
 
         done = False
         step = nxt
+        # Counted here and added once per firing: a metric update per step
+        # costs more than the rest of the bookkeeping.
+        released = empty = 0
         while step <= until and not done:
             if mechanism is None:
                 mechanism = spec.restore(mech_state.read(), self._rng(key, step), **with_log)
@@ -536,9 +554,9 @@ class OrderedReleaseDoFn(beam.DoFn):
                 mechanism = spec.reseed(mechanism, self._rng(key, step), **with_log)
             aggregate = pending.pop(step, None)
             if aggregate is None:
-                self._empty.inc()
+                empty += 1
                 aggregate = spec.zero()
-            self._released.inc()
+            released += 1
             self._progress.released(key, step, spec.window_end(step), spec.events(aggregate))
             # Stamped at the step's end, the moment of release and the timer's
             # watermark hold: one microsecond earlier and a downstream window
@@ -550,6 +568,10 @@ class OrderedReleaseDoFn(beam.DoFn):
                     yield beam.window.TimestampedValue(record, self._end_micros(step))
             done = spec.done(mechanism)
             step += 1
+        if released:
+            self._released.inc(released)
+        if empty:
+            self._empty.inc(empty)
         if mechanism is not None:
             mech_state.write(mechanism.to_state())
         if log is not None:
@@ -627,7 +649,7 @@ class LoggedReleaseDoFn(OrderedReleaseDoFn):
 
 def release_in_order(aggregates, spec, plan, invalids, *, schedule: Schedule, seeds, bounded,
                      late, seed, noise_key=None, extra_releases=(), extra_accounting=(),
-                     allowed_lateness=None, shards=0):
+                     allowed_lateness=None, shards=0, combine_fn=None):
     """Applies the ordered release to per-step aggregates; the common tail of every transform.
 
     ``aggregates`` are ``(key, (step, aggregate))`` in the global window and
@@ -649,21 +671,36 @@ def release_in_order(aggregates, spec, plan, invalids, *, schedule: Schedule, se
     shard with one stateful DoFn and one timer
     (:class:`~dp_beam.transforms.shards.ShardedReleaseDoFn`; same records);
     0 keeps one stateful key per stream. Specs with a log always use the
-    per-key path.
+    per-key path. Bounded input with shards is released without state or
+    timers (:class:`~dp_beam.transforms.shards.BatchShardReleaseDoFn`);
+    ``combine_fn`` (only there) says that ``aggregates`` are raw
+    ``(key, (step, value))`` events, combined per (key, step) by that fn in
+    the release's own grouping.
     """
     schedule.require_end(bounded, spec.transform)
+    if combine_fn is not None and not (shards and bounded and not spec.uses_log):
+        raise ValueError("combine_fn needs the sharded release of bounded input")
     dofn = LoggedReleaseDoFn if spec.uses_log else OrderedReleaseDoFn
     release_fn = dofn(spec, bounded=bounded, late=late, seed=seed, end_step=schedule.end_step,
                       noise_key=noise_key, allowed_lateness=allowed_lateness)
     opened = (aggregates, seeds) | "Open" >> beam.Flatten().with_output_types(KV)
     if shards and not spec.uses_log:
-        from dp_beam.transforms.shards import ShardedReleaseDoFn, shard_of
+        from dp_beam.transforms.shards import BatchShardReleaseDoFn, ShardedReleaseDoFn, shard_of
 
-        released = (opened
-                    | "Shard" >> beam.Map(lambda kv, n=shards: (shard_of(kv[0], n), kv)
-                                          ).with_output_types(Tuple[int, Any])
-                    | "Release" >> beam.ParDo(ShardedReleaseDoFn(release_fn)).with_outputs(
-                        ACCOUNTING, INVALID, main="releases"))
+        sharded = (opened
+                   | "Shard" >> beam.Map(lambda kv, n=shards: (shard_of(kv[0], n), kv)
+                                         ).with_output_types(Tuple[int, Any]))
+        if bounded:
+            # All timers of bounded input fire after all of it is in: a grouping
+            # per shard and one pass over it give the same records without state.
+            released = (sharded
+                        | "GroupShard" >> beam.GroupByKey()
+                        | "Release" >> beam.ParDo(BatchShardReleaseDoFn(
+                            release_fn, combine_fn)).with_outputs(
+                            ACCOUNTING, INVALID, main="releases"))
+        else:
+            released = sharded | "Release" >> beam.ParDo(ShardedReleaseDoFn(release_fn)).with_outputs(
+                ACCOUNTING, INVALID, main="releases")
     else:
         released = opened | "Release" >> beam.ParDo(release_fn).with_outputs(
             ACCOUNTING, INVALID, main="releases")

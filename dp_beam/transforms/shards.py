@@ -20,6 +20,13 @@ the per-key path, and the releases are bit-for-bit the same for the same
 noise key or test seed (tests/transforms/test_shards.py checks it on
 batch and streaming input).
 
+Bounded input needs no state or timers at all: every timer of the per-key
+path fires only after all input is in. :class:`BatchShardReleaseDoFn` takes
+a shard's whole input after one ``GroupByKey`` and fires each stream once;
+given the combine fn of the transform, it also combines the raw events per
+(key, step) itself, so a bounded count or sum groups its events once, by
+shard, instead of once per (key, step) and again per stream.
+
 The shard of a key is public (a hash of the key, which is public: declared
 or privately selected), so routing reveals nothing. Specs that keep a
 per-key log (the ERM streams) keep the per-key path.
@@ -37,8 +44,10 @@ from apache_beam.utils.timestamp import Timestamp
 
 from dp_beam.mechanisms.noise_key import encode_identity
 from dp_beam.transforms.release import OrderedReleaseDoFn, key_label
+from dp_beam.transforms.schedule import NotAdmitted, StreamStart
 
-__all__ = ["shard_of", "default_shards", "ShardedReleaseDoFn", "KEYS_PER_SHARD"]
+__all__ = ["shard_of", "default_shards", "ShardedReleaseDoFn", "BatchShardReleaseDoFn",
+           "KEYS_PER_SHARD"]
 
 #: Declared keys per shard of the default (``shards=None``): large enough that
 #: a shard's firing amortises the runner's per-timer cost, small enough that
@@ -185,3 +194,76 @@ class ShardedReleaseDoFn(beam.DoFn):
             armed_state.write(min(due))
         else:
             armed_state.clear()
+
+
+@beam.typehints.with_output_types(Any)
+class BatchShardReleaseDoFn(beam.DoFn):
+    """The release of ``inner`` for a whole shard of bounded input: no state, no timers.
+
+    Input: ``(shard, iterable of (key, (step, aggregate)))`` after a
+    ``GroupByKey``, i.e. all of the shard's input at once, as it is for
+    bounded input, where every per-key timer fires only after all input is
+    in. Each element is fed to the per-key DoFn's own ``_process`` on
+    in-memory stand-ins, then each stream whose timer was set is fired
+    once at that time with ``_fire``, exactly as the stateful path would
+    when the watermark reaches the end of input. So the records (releases,
+    ledger, invalid) are the same bit for bit, without a state read or
+    write per element or a timer per shard. Streams are fired in the order
+    of their keys' canonical encoding, so that the order does not depend on
+    the runner's grouping.
+
+    ``combine_fn``: the input is then the raw ``(key, (step, value))`` events
+    and the stream markers, and the aggregate of each (key, step) is
+    ``combine_fn`` over its values (as the combine upstream of the per-key
+    path computes it; float sums may add in another order).
+    """
+
+    def __init__(self, inner: OrderedReleaseDoFn, combine_fn: Optional[beam.CombineFn] = None):
+        if not isinstance(inner, OrderedReleaseDoFn) or getattr(inner._spec, "uses_log", False):
+            raise ValueError("inner must be an OrderedReleaseDoFn over a spec without a log")
+        if not inner._bounded:
+            raise ValueError("the timer-free release needs bounded input (inner must be bounded)")
+        self._inner = inner
+        self._combine_fn = combine_fn
+
+    def setup(self):
+        self._inner.setup()
+
+    def _aggregated(self, values):
+        """With ``combine_fn``: the input holds raw ``(key, (step, value))`` events, combined
+        here per (key, step) (one grouping instead of a combine's and the release's); the
+        stream markers pass through first."""
+        fn = self._combine_fn
+        if fn is None:
+            return values
+        markers, accumulators = [], {}
+        for key, (step, value) in values:
+            if isinstance(value, (StreamStart, NotAdmitted)):
+                markers.append((key, (step, value)))
+                continue
+            acc = accumulators.get((key, step))
+            accumulators[key, step] = fn.add_input(
+                fn.create_accumulator() if acc is None else acc, value)
+        return markers + [(key, (step, fn.extract_output(acc)))
+                          for (key, step), acc in accumulators.items()]
+
+    def process(self, element):
+        _, values = element
+        inner = self._inner
+        streams: Dict[Any, Dict[str, Any]] = {}
+        for key, value in self._aggregated(values):
+            entry = streams.get(key)
+            if entry is None:
+                entry = streams[key] = {}
+            buffer, _, nxt, first, earliest, stream_timer = ShardedReleaseDoFn._cells(entry)
+            yield from inner._process((key, value), buffer, nxt, first, earliest, stream_timer)
+        for key in sorted(streams, key=lambda k: encode_identity((key_label(k),))):
+            entry = streams[key]
+            # Bounded: a stream's timer is set once, at the end of its last
+            # step, and its firing does not set another.
+            due = entry.pop("timer", None)
+            if due is None:
+                continue
+            buffer, mechanism, nxt, first, earliest, stream_timer = ShardedReleaseDoFn._cells(entry)
+            yield from inner._fire(key, Timestamp(due), buffer, mechanism, nxt, first, earliest,
+                                   stream_timer)

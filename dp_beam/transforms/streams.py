@@ -22,7 +22,7 @@ from dp_beam.transforms.schedule import (DeclaredKeys, StreamStart, resolve_keys
                                          resolve_schedule)
 from dp_beam.transforms.shards import default_shards
 
-__all__ = ["seconds", "set_release_options", "validation", "release_streams"]
+__all__ = ["seconds", "set_release_options", "validation", "raw_steps", "release_streams"]
 
 
 def seconds(name, value, allow_zero=False) -> float:
@@ -105,19 +105,28 @@ def validation(transform):
     return transform._schedule, None, {}
 
 
+def raw_steps(transform, events) -> bool:
+    """True when the release combines the events per (key, step) itself: bounded input
+    released by shards (one grouping per shard, see
+    :class:`~dp_beam.transforms.shards.BatchShardReleaseDoFn`)."""
+    return bool(events.is_bounded and getattr(transform, "_shards", 0))
+
+
 def release_streams(transform, events, aggregates, spec, entry, invalids, *, units=None,
-                    unit="event"):
+                    unit="event", combine_fn=None):
     """Opens the public (or privately selected) streams and releases them in step order.
 
     ``units`` are the ``(key, event time)`` signals of first contributions,
     required with private key selection; ``unit`` names its privacy unit.
+    ``combine_fn``: ``aggregates`` are raw ``(key, (step, value))`` events to be
+    combined by the release (only when :func:`raw_steps`).
     """
     schedule = transform._schedule
     bounded = events.is_bounded
     declared = transform._keys
     common = dict(schedule=schedule, bounded=bounded, late=transform._late, seed=transform._seed,
                   noise_key=transform._noise_key, allowed_lateness=transform._allowed_lateness,
-                  shards=getattr(transform, "_shards", 0))
+                  shards=getattr(transform, "_shards", 0), combine_fn=combine_fn)
     if isinstance(declared, PrivateKeys):
         admitted, seeds, selection_entry, charged = select_keys(
             units, declared, schedule, transform.label, unit, bounded, transform._seed,

@@ -140,3 +140,74 @@ def test_shard_of_is_stable_and_spreads_keys():
     # 4000 keys in 8 shards: each count is Binomial(4000, 1/8), sd ≈ 20.9; 5 sd.
     assert all(abs(c - 500) < 5 * 20.9 for c in counts)
     assert shard_of(("a", 1), 5) == shard_of(("a", 1), 5)
+
+
+def test_batch_sharded_release_with_private_keys_equals_per_key_release():
+    """Privately selected keys: admissions, the not-admitted markers and the dead letters of
+    keys never admitted pass through the timer-free shard release unchanged."""
+    step, steps = 10.0, 10
+    events = [{"ts": s * step + 1.0 + i / 100, "k": "busy", "u": f"b{s}-{i}"}
+              for s in (1, 2, 3) for i in range(10)]
+    events += [{"ts": 15.0, "k": "rare", "u": "r"}, {"ts": 55.0, "k": "other", "u": "o"}]
+
+    def run(shards):
+        def build(p):
+            res = (p | beam.Create(events)
+                   | dpb.ContinualCount(epsilon=1.0, step=step, start=0, end=steps * step,
+                                        key_fn=lambda e: e["k"], timestamp_fn=lambda e: e["ts"],
+                                        keys=dpb.PrivateKeys(epsilon=5.0, delta=0.5),
+                                        noise_key=KEY, shards=shards))
+            return {"releases": res.releases, "accounting": res.accounting, "invalid": res.invalid}
+
+        out = collect(batch_options(), build)
+        return (sorted(repr(r) for r in out["releases"]), sorted(repr(e) for e in out["accounting"]),
+                sorted((i.reason, i.count, i.id) for i in out["invalid"]))
+
+    per_key = run(0)
+    assert any("busy" in r for r in per_key[0]) and per_key[2]   # an admission; dead letters
+    assert run(2) == per_key
+
+
+def test_timer_free_release_refuses_unbounded_input_and_stray_combine():
+    from dp_beam.transforms.continual import CounterReleaseSpec, _SumCount
+    from dp_beam.transforms.release import OrderedReleaseDoFn, release_in_order
+    from dp_beam.transforms.schedule import resolve_schedule
+    from dp_beam.transforms.shards import BatchShardReleaseDoFn
+
+    count = dpb.ContinualCount(epsilon=1.0, step=HOUR, start=0, end=4 * HOUR)
+    spec = CounterReleaseSpec("c", HOUR, count._mechanism, count._mechanism_args,
+                              count.plan_entry("c"))
+    with pytest.raises(ValueError, match="bounded"):
+        BatchShardReleaseDoFn(OrderedReleaseDoFn(spec, bounded=False, end_step=4))
+    with pytest.raises(ValueError, match="combine_fn"):
+        release_in_order(None, spec, (), (), schedule=resolve_schedule(HOUR, 0, 4 * HOUR, None),
+                         seeds=None, bounded=True, late="defer", seed=None, shards=0,
+                         combine_fn=_SumCount())
+
+
+def test_batch_shard_release_combines_raw_events_like_the_upstream_combine():
+    """The engine of the timer-free path without a pipeline: raw events of one shard, in any
+    order, give the releases of the per-(key, step) aggregates fed in the per-key order."""
+    from dp_beam.transforms.continual import CounterReleaseSpec, _SumCount
+    from dp_beam.transforms.release import OrderedReleaseDoFn
+    from dp_beam.transforms.schedule import StreamStart
+    from dp_beam.transforms.shards import BatchShardReleaseDoFn
+
+    count = dpb.ContinualCount(epsilon=1.0, step=HOUR, start=0, end=4 * HOUR)
+    spec = CounterReleaseSpec("c", HOUR, count._mechanism, count._mechanism_args,
+                              count.plan_entry("c"))
+
+    def release(elements, combine_fn):
+        dofn = BatchShardReleaseDoFn(OrderedReleaseDoFn(spec, bounded=True, end_step=4,
+                                                        noise_key=KEY), combine_fn)
+        dofn.setup()
+        out = list(dofn.process((0, elements)))
+        return sorted((r.value.key, r.value.step, r.value.value) for r in out
+                      if hasattr(r, "value") and hasattr(r.value, "step"))
+
+    raw = [("b", (2, 1.0)), ("a", (0, 1.0)), ("a", (0, 1.0)), ("b", (0, StreamStart())),
+           ("a", (0, StreamStart())), ("a", (3, 1.0))]
+    combined = [("a", (0, StreamStart())), ("b", (0, StreamStart())), ("a", (0, (2.0, 2))),
+                ("a", (3, (1.0, 1))), ("b", (2, (1.0, 1)))]
+    got = release(raw, _SumCount())
+    assert len(got) == 8 and got == release(combined, None)
