@@ -8,9 +8,10 @@ private_erm_and_incremental_regression.md §2–3. Engine-free mechanisms:
 
 Shape (DESIGN.md "time model"): every event is validated, clipped to
 ``‖x‖ <= 1``, ``|y| <= 1`` (public bounds; counted in the ``clipped`` metric)
-and encoded in parallel as ``(svec(zzᵀ), z·y, 1)`` with z = x, or
-``z = clip(Φx/√m)`` for the projection method; a per-step ``CombinePerKey``
-sums the encodings (exact sums: every coordinate is on a 2^-30 grid, so the
+and mapped in parallel to z = x, or ``z = clip(Φx/√m)`` for the projection
+method; a per-step ``CombinePerKey`` (keyed by (key, step) in the global
+window for bounded input) sums the encodings ``(svec(zzᵀ), z·y)``, a batch of
+points at a time (exact sums: every coordinate is on a 2^-30 grid, so the
 order of addition never changes a bit); the ordered release DoFn
 (:class:`~dp_beam.transforms.release.OrderedReleaseDoFn`) feeds one sum per
 step and stream to the mechanism, which releases one model per step, steps
@@ -44,19 +45,18 @@ from typing import Optional
 import apache_beam as beam
 import numpy as np
 from apache_beam.metrics import Metrics
-from apache_beam.transforms.window import FixedWindows, GlobalWindows
 
 from dp_beam.mechanisms import ZeroNoise, make_noise
 from dp_beam.mechanisms.noise_key import KeyedNoise
 from dp_beam.mechanisms.regression import (L2Ball, PrivIncERM, PrivIncERMParams, PrivIncReg1,
                                            PrivIncReg1Params, PrivIncReg2, PrivIncReg2Params,
-                                           check_constraint, clip_point, encode_point,
+                                           check_constraint, clip_point, encode_points,
                                            project_features, svec_dim)
 from dp_beam.records import LedgerEntry
 from dp_beam.records_regression import RegressionRecord
-from dp_beam.transforms.continual import _StepOf
-from dp_beam.transforms.events import (INVALID, NAMESPACE, TRANSIENT_ERRORS, UNBOUNDED_LATENESS,
-                                       ValidatingDoFn, as_real, check_transient_errors)
+from dp_beam.transforms.continual import per_step
+from dp_beam.transforms.events import (INVALID, NAMESPACE, TRANSIENT_ERRORS, ValidatingDoFn,
+                                       as_real, check_transient_errors)
 from dp_beam.transforms.release import ReleaseSpec
 from dp_beam.transforms.stream_keys import KV
 from dp_beam.transforms.streams import (private_keys, release_streams, set_release_options,
@@ -75,11 +75,13 @@ NEIGHBOURS = ("replace one event by another in the same step and key (the number
 
 @beam.typehints.with_output_types(KV)
 class _EncodePoints(ValidatingDoFn):
-    """``(key, (svec(zzᵀ), z·y, 1))`` per valid event; bad elements to ``invalid`` with a reason.
+    """``(key, (z, y))`` per valid event, z and y clipped; bad elements to ``invalid`` with a reason.
 
     Features must be a sequence of ``dim`` finite reals and the label a finite
     real; both are clipped (‖x‖ <= 1, |y| <= 1) and counted in ``clipped``.
-    With a projection Φ, z = clip(Φx/√m), else z = x. Nothing raises.
+    With a projection Φ, z = clip(Φx/√m), else z = x. Nothing raises. The
+    encoding ``(svec(zzᵀ), z·y)`` is left to the per-step combine, which does
+    it for many points at once (:class:`_SumMoments`).
     """
 
     def __init__(self, transform, features_fn, label_fn, dim, projection=None, key_fn=None,
@@ -90,12 +92,27 @@ class _EncodePoints(ValidatingDoFn):
         self._phi = None if projection is None else np.asarray(projection, dtype=np.float64)
         self._clipped = Metrics.counter(NAMESPACE, f"{transform}.clipped")
 
+    def _feature_vector(self, element):
+        """``(x, None)`` as a new float64 array, or ``(None, reason)``."""
+        raw, err = self._call("features_fn", self._features_fn, element)
+        if err:
+            return None, err
+        # A finite float64 vector of the right length passes every per-value check
+        # of ``_features`` (which costs about as much as the rest of this DoFn).
+        if (type(raw) is np.ndarray and raw.dtype == np.float64 and raw.shape == (self._dim,)
+                and np.isfinite(raw).all()):
+            return raw.copy(), None
+        features, err = self._features(lambda _: raw, self._dim, element)
+        if err:
+            return None, err
+        return np.array(features, dtype=np.float64), None
+
     def process(self, element, timestamp=beam.DoFn.TimestampParam, declared=None):
         ts, key, err = self._time_and_key(element, timestamp, declared)
         if err:
             yield self._reject(element, err, timestamp)
             return
-        features, err = self._features(self._features_fn, self._dim, element)
+        x, err = self._feature_vector(element)
         if err:
             yield self._reject(element, err, timestamp)
             return
@@ -107,43 +124,71 @@ class _EncodePoints(ValidatingDoFn):
         if err:
             yield self._reject(element, f"label {err}", timestamp)
             return
-        x = np.array(features, dtype=np.float64)
-        if not np.isfinite(np.linalg.norm(x)):  # huge finite values: scale before the norm
+        if not math.isfinite(x @ x):  # huge finite values: scale before the norm
             x = x / np.max(np.abs(x))
             self._clipped.inc()
         x, y, clipped = clip_point(x, label)
         if clipped:
             self._clipped.inc()
         z = x if self._phi is None else project_features(self._phi, x)
-        gram, xy = encode_point(z, y)
-        yield beam.window.TimestampedValue((key, (gram, xy, 1)), ts)
+        yield beam.window.TimestampedValue((key, (z, y)), ts)
 
 
 class _SumMoments(beam.CombineFn):
-    """``(Σ svec(zzᵀ), Σ z·y, count)`` of one step (exact: the encodings are on a 2^-30 grid)."""
+    """``(Σ svec(zzᵀ), Σ z·y, count)`` of one step's clipped points ``(z, y)``.
+
+    Points wait in the accumulator and are encoded :data:`BATCH` at a time
+    (:func:`~dp_beam.mechanisms.regression.moments.encode_points`): encoding
+    one point at a time cost more than the rest of the per-event work. The
+    sums are exact (every encoding is on a 2^-30 grid), so batching, merging
+    and retries never change a bit. ``compact`` encodes what waits before an
+    accumulator is shuffled.
+    """
+
+    BATCH = 256
 
     def create_accumulator(self):
-        return None
+        return [None, None, 0, []]
+
+    def _fold(self, acc):
+        pending = acc[3]
+        if pending:
+            gram, xy = encode_points(np.array([z for z, _ in pending]), [y for _, y in pending])
+            if acc[0] is None:
+                acc[0], acc[1] = gram, xy
+            else:
+                acc[0] += gram
+                acc[1] += xy
+            acc[2] += len(pending)
+            acc[3] = []
+        return acc
 
     def add_input(self, acc, value):
-        gram, xy, n = value
-        if acc is None:
-            return [np.array(gram, dtype=np.float64), np.array(xy, dtype=np.float64), int(n)]
-        acc[0] += gram
-        acc[1] += xy
-        acc[2] += int(n)
+        acc[3].append(value)
+        if len(acc[3]) >= self.BATCH:
+            self._fold(acc)
         return acc
 
     def merge_accumulators(self, accs):
-        out = None
+        out = self.create_accumulator()
         for acc in accs:
-            if acc is None:
+            self._fold(acc)
+            if acc[0] is None:
                 continue
-            out = self.add_input(out, acc)
+            if out[0] is None:
+                out[0], out[1] = acc[0].copy(), acc[1].copy()
+            else:
+                out[0] += acc[0]
+                out[1] += acc[1]
+            out[2] += acc[2]
         return out
 
+    def compact(self, acc):
+        return self._fold(acc)
+
     def extract_output(self, acc):
-        if acc is None:
+        self._fold(acc)
+        if acc[0] is None:
             return None
         return (acc[0], acc[1], acc[2])
 
@@ -184,6 +229,14 @@ class RegressionReleaseSpec(ReleaseSpec):
 
     def restore(self, state, rng):
         return self._cls.from_state(state, rng=rng)
+
+    def reseed(self, mechanism, rng):
+        # The same as the default state round trip, which cost about a fifth of
+        # a release (the counters' states rebuilt at every step).
+        if not hasattr(mechanism, "set_noise_source"):
+            return super().reseed(mechanism, rng)
+        mechanism.set_noise_source(rng)
+        return mechanism
 
     def release(self, mechanism, key, step, aggregate):
         if aggregate is None:
@@ -371,12 +424,8 @@ class IncrementalRegression(beam.PTransform):
             self._key_fn, self._timestamp_fn, schedule, declared, self._transient),
             **side).with_outputs(INVALID, main="valid")
         invalids = [encoded[INVALID]]
-        aggregates = (encoded.valid
-                      | "StepWindows" >> beam.WindowInto(
-                          FixedWindows(self._step), allowed_lateness=UNBOUNDED_LATENESS)
-                      | "PerStep" >> beam.CombinePerKey(_SumMoments())
-                      | "StepIndex" >> beam.ParDo(_StepOf(self._step_micros))
-                      | "Rewindow" >> beam.WindowInto(GlobalWindows()))
+        aggregates = per_step(encoded.valid, _SumMoments(), self._step, self._step_micros,
+                              events.is_bounded)
         entry = self.plan_entry(label)
         spec = RegressionReleaseSpec(label, self._step, self._cls, self._params, entry,
                                      self._projection)

@@ -463,6 +463,36 @@ def test_state_round_trip_with_per_step_keyed_noise_is_replay_stable(name):
     assert any(np.any(r.theta) for r in first)
 
 
+@pytest.mark.parametrize("name", sorted(MAKERS))
+def test_swapping_the_noise_source_in_place_equals_the_state_round_trip(name):
+    # The release DoFn swaps each step's keyed source in place instead of restoring the state.
+    key = NoiseKey.from_bytes(bytes(range(32)))
+    data = _steps(np.random.default_rng(17))
+    if not hasattr(MAKERS[name](ZeroNoise() if name != "reg2" else 0), "set_noise_source"):
+        pytest.skip("no in-place swap: the transform falls back to the round trip")
+    swapped = MAKERS[name](KeyedNoise(key, ("open",)))
+    state = MAKERS[name](KeyedNoise(key, ("open",))).to_state()
+    for t, (X, y) in enumerate(data):
+        restored = type(swapped).from_state(state, rng=KeyedNoise(key, ("step", t)))
+        swapped.set_noise_source(KeyedNoise(key, ("step", t)))
+        a, b = swapped.step_points(X, y), restored.step_points(X, y)
+        np.testing.assert_array_equal(a.theta, b.theta)
+        assert (a.t, a.n, a.noise_std_gram, a.alpha) == (b.t, b.n, b.noise_std_gram, b.alpha)
+        state = restored.to_state()
+    assert swapped.to_state() == state
+
+
+def test_exact_solver_when_the_psd_part_vanishes():
+    # A step of pure noise can leave Q₊ = 0: the minimiser is q scaled to the boundary
+    # (the root bracket of the trust-region multiplier is then degenerate).
+    rng = np.random.default_rng(5)
+    for _ in range(300):
+        q = rng.normal(size=5) * rng.uniform(0.1, 100.0)
+        radius = rng.uniform(0.5, 5.0)
+        theta, _ = solve_quadratic(-np.eye(5) * rng.uniform(0, 3), q, L2Ball(radius))
+        np.testing.assert_allclose(theta, q / np.linalg.norm(q) * radius, rtol=1e-12, atol=1e-12)
+
+
 def test_state_is_bounded_by_the_counters():
     d = 4
     D = svec_dim(d) + d

@@ -33,8 +33,8 @@ from .batch import (PrivIncERM, PrivIncERMParams, RidgeOutputPerturbation, Squar
 from .constraints import Constraint, L1Ball, L2Ball, check_constraint, constraint_from_dict
 from .incremental import (SOLVERS, PrivIncReg1, PrivIncReg1Params, PrivIncReg2, PrivIncReg2Params,
                           project_features, projection_dim)
-from .moments import (COUNTERS, SPLITS, NoisyMoments, clip_point, encode_point, gram_sensitivity,
-                      smat, svec, svec_dim, upper_triangle, xy_sensitivity)
+from .moments import (COUNTERS, SPLITS, NoisyMoments, clip_point, encode_point, encode_points,
+                      gram_sensitivity, smat, svec, svec_dim, upper_triangle, xy_sensitivity)
 from .solvers import (gradient_error_bound, lift, noisy_proj_grad, npg_schedule, psd_part,
                       quadratic_value, solve_quadratic)
 
@@ -42,6 +42,7 @@ __all__ = [
     "L2Ball", "L1Ball", "Constraint", "check_constraint", "constraint_from_dict",
     "COUNTERS", "SPLITS", "SOLVERS",
     "NoisyMoments", "svec", "smat", "svec_dim", "upper_triangle", "clip_point", "encode_point",
+    "encode_points",
     "gram_sensitivity", "xy_sensitivity",
     "npg_schedule", "gradient_error_bound", "noisy_proj_grad", "solve_quadratic", "psd_part",
     "quadratic_value", "lift",

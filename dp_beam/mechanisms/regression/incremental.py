@@ -165,6 +165,11 @@ class _Incremental(StepMixin):
     def source(self):
         return self._moments.source
 
+    def set_noise_source(self, rng) -> None:
+        """Draw all later noise from ``rng`` (the state is unchanged: the same as
+        ``from_state(to_state(), rng)``, without the round trip)."""
+        self._moments.set_noise_source(make_noise(rng))
+
     def update(self, gram, xy, count) -> None:
         """Consume one step's sums without solving (draws the step's noise)."""
         gram, xy, count = self._check_step(gram, xy, count)

@@ -80,6 +80,7 @@ __all__ = [
     "upper_triangle",
     "clip_point",
     "encode_point",
+    "encode_points",
     "gram_sensitivity",
     "xy_sensitivity",
     "NoisyMoments",
@@ -148,10 +149,10 @@ def clip_point(x, y) -> Tuple[np.ndarray, float, bool]:
     """
     x = np.asarray(x, dtype=np.float64)
     y = float(y)
-    if x.ndim != 1 or not np.all(np.isfinite(x)) or not math.isfinite(y):
+    if x.ndim != 1 or not np.isfinite(x).all() or not math.isfinite(y):
         raise ValueError("x must be a finite vector and y a finite number")
     clipped = False
-    norm = math.hypot(*x) if x.size else 0.0
+    norm = math.hypot(*x.tolist()) if x.size else 0.0
     if norm > 1.0:
         x = x / norm
         clipped = True
@@ -173,6 +174,26 @@ def encode_point(z, y) -> Tuple[np.ndarray, np.ndarray]:
     z = np.asarray(z, dtype=np.float64)
     rows, cols, weights = _triu(z.size)
     return _round(z[rows] * z[cols] * weights), _round(z * float(y))
+
+
+def encode_points(Z, y) -> Tuple[np.ndarray, np.ndarray]:
+    """``(Σ svec(z zᵀ), Σ z·y)`` over the rows z of Z: the sums of :func:`encode_point`, in one pass.
+
+    The same bits as adding the points' encodings one by one in any order:
+    every encoding is on the 2^-30 grid, so every partial sum is exact.
+
+    >>> import numpy as np
+    >>> Z, y = np.array([[0.6, 0.8], [0.1, -0.3]]), np.array([0.5, -1.0])
+    >>> one = [encode_point(z, v) for z, v in zip(Z, y)]
+    >>> gram, xy = encode_points(Z, y)
+    >>> bool(np.array_equal(gram, one[0][0] + one[1][0]) and np.array_equal(xy, one[0][1] + one[1][1]))
+    True
+    """
+    Z = np.asarray(Z, dtype=np.float64)
+    y = np.asarray(y, dtype=np.float64).reshape(-1)
+    rows, cols, weights = _triu(Z.shape[1])
+    return (_round(Z[:, rows] * Z[:, cols] * weights).sum(axis=0),
+            _round(Z * y[:, None]).sum(axis=0))
 
 
 def gram_sensitivity(d: int) -> float:
@@ -298,6 +319,12 @@ class NoisyMoments:
 
     def to_state(self) -> dict:
         return {"gram": self._gram.to_state(), "xy": self._xy.to_state()}
+
+    def set_noise_source(self, rng) -> None:
+        """Draw all later noise from ``rng``: ``load_state(to_state(), rng)`` without the round trip."""
+        self.source = make_noise(rng)
+        self._gram.set_noise_source(self.source)
+        self._xy.set_noise_source(self.source)
 
     def load_state(self, state, rng=None) -> None:
         """Restore the counters from :meth:`to_state` output, drawing from ``rng`` next."""

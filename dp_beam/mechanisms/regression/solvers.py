@@ -122,9 +122,11 @@ def noisy_proj_grad(constraint: Constraint, grad: Callable[[np.ndarray], np.ndar
     return constraint.project(total / r)
 
 
-def _trust_region(Q, q, radius) -> Tuple[np.ndarray, int]:
-    """Exact minimiser of θᵀQθ − 2qᵀθ over ‖θ‖ <= radius for PSD Q (Moré–Sorensen via eigh)."""
-    lam, vec = np.linalg.eigh(Q)
+def _trust_region(Q, q, radius, eig=None) -> Tuple[np.ndarray, int]:
+    """Exact minimiser of θᵀQθ − 2qᵀθ over ‖θ‖ <= radius for PSD Q (Moré–Sorensen via eigh).
+
+    ``eig``: Q's ``(eigenvalues, eigenvectors)`` if already known (then Q is not read)."""
+    lam, vec = np.linalg.eigh(Q) if eig is None else eig
     lam = np.maximum(lam, 0.0)
     b = vec.T @ q
     scale = max(float(lam.max()), 1.0)
@@ -149,7 +151,11 @@ def _trust_region(Q, q, radius) -> Tuple[np.ndarray, int]:
         evaluations += 1
         if lo == 0.0 or excess(lo) > 0.0:
             break
-    if lo == 0.0 or excess(lo) <= 0.0:
+    if excess(hi) >= 0.0:
+        # Only where Q₊ vanishes on b (a step of pure noise): then excess(hi) is 0
+        # up to rounding and hi is the multiplier; brentq would reject the bracket.
+        mu = hi
+    elif lo == 0.0 or excess(lo) <= 0.0:
         mu = hi if lo == 0.0 else lo
     else:
         mu = optimize.brentq(excess, lo, hi, xtol=1e-300, rtol=4 * np.finfo(float).eps, maxiter=500)
@@ -230,12 +236,15 @@ def solve_quadratic(Q, q, constraint: Constraint, theta0=None, psd: bool = True)
     ``work`` counts bisection evaluations (L2) or FISTA iterations (L1). With
     ``psd=False`` Q must already be PSD. The result lies in C.
     """
-    Q = psd_part(Q) if psd else np.asarray(Q, dtype=np.float64)
     q = np.asarray(q, dtype=np.float64)
     if isinstance(constraint, L2Ball):
-        theta, work = _trust_region(Q, q, constraint.radius)
-    else:
-        theta, work = _l1_qp(Q, q, constraint, theta0)
+        # One eigendecomposition serves both the PSD projection and the solve.
+        Q = np.asarray(Q, dtype=np.float64)
+        eig = np.linalg.eigh(0.5 * (Q + Q.T) if psd else Q)
+        theta, work = _trust_region(None, q, constraint.radius, eig=eig)
+        return constraint.project(theta), work
+    Q = psd_part(Q) if psd else np.asarray(Q, dtype=np.float64)
+    theta, work = _l1_qp(Q, q, constraint, theta0)
     return constraint.project(theta), work
 
 
