@@ -516,7 +516,10 @@ class GrowingQueries(_GrowingTransform):
       clip: clip hard answers to [0, 1] (post-processing).
       pmwg_options: other :class:`~dp_beam.mechanisms.growing.PMWGParams` fields (``c``,
         ``threshold_frac``, ``accuracy_frac``, ``eta_frac``, the noise multipliers,
-        ``cap_b``, ``xi_n``).
+        ``cap_b``, ``xi_n``, ``update``). The default is the spec's constants, the ones
+        Theorem 14's accuracy and the no-ABORT guarantee of Corollary 16 are proved for;
+        smaller caps are far more accurate at realistic sizes but abort permanently when
+        the data need more hard queries than the cap allows (docs/growing_databases.md).
 """ + _COMMON_DOC.format(histogram=", or ``dpb.HISTOGRAM`` to release the histogram")
 
     def __init__(self, universe_fn, universe_size, alpha, epsilon, delta=0.0, n=None, *, step,

@@ -412,6 +412,21 @@ def test_22_parameter_functions_and_table():
         PMWGParams(epsilon=1.0, alpha=0.5, n=1000, universe_size=16, eta_frac=0.6)
 
 
+def test_22_tuned_constants_of_the_benchmark_stay_private():
+    # The constants benchmarks/growing_databases.py reports as "tuned" (TUNED there): the
+    # validator must still recompute xi_n so that the worst-case ledger over the whole year of
+    # flights (336,776 records from n = 50,000) stays within epsilon.
+    tuned = PMWGParams(epsilon=1.0, alpha=0.05, n=50_000, universe_size=1152, K=200_000,
+                       cap_b=40.0, threshold_frac=2.0, update="project")
+    spec = PMWGParams(epsilon=1.0, alpha=0.05, n=50_000, universe_size=1152, K=200_000)
+    assert tuned.xi_n >= tuned.xi_n_formula and tuned.xi_n < spec.xi_n
+    assert tuned.worst_case_cost(336_776)["epsilon"] <= 1.0
+    assert tuned.privacy_cost() == spec.privacy_cost()
+    with pytest.raises(ValueError, match="xi_n"):
+        PMWGParams(epsilon=1.0, alpha=0.05, n=50_000, universe_size=1152, cap_b=40.0,
+                   threshold_frac=2.0, update="project", xi_n=0.9 * tuned.xi_n_formula)
+
+
 # -- PMWG / SVT statistical (23–27) --------------------------------------------------------
 
 
