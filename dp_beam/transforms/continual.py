@@ -536,8 +536,10 @@ class ContinualCount(_ContinualTotal):
         than 64 declared keys (or a key set not known at construction), else
         one shard per 64 declared keys. 0: one stateful key (and timer) per
         stream. n > 0: streams go to n shards by a public hash of the key,
-        each shard released by one stateful DoFn with one timer per step;
-        the records are the same (``dp_beam.transforms.shards``).
+        each shard released by one stateful DoFn with one timer per step
+        (streaming) or, for bounded input, by one pass over the shard's
+        grouped events without state or timers; the records are the same
+        (``dp_beam.transforms.shards``).
       transient_errors: exception types of the user functions (``key_fn``,
         ``timestamp_fn``, ``user_fn``, ``value_fn``) that are re-raised so
         that the runner retries the bundle (an outage, not bad data);
