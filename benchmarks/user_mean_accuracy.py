@@ -419,7 +419,7 @@ def write_markdown(path, flight_rows, synth_rows, seeds, argv, few_user_rows=(),
              "a small weighted count tree under participation, and a denominator never below its "
              "noise's 95 % half-width; budgets by planned error share;",
              "* the most accurate continual counter of the noise family (BLT, smooth binary).", "",
-             "`dp_beam/mechanisms/continual_mean.py` (`MeanParams`) states the privacy argument of "
+             "`dp_beam/mechanisms/continual_mean/params.py` and `plan.py` (`MeanParams`) state the privacy argument of "
              "each change. The tuned preset also plans, from the declared n, m, ε and noise only, "
              "how precise a prior its levels may require (θ): with few users the release never "
              "becomes precise enough for narrow truncation, and the plan then widens it or gives "

@@ -20,8 +20,6 @@ spec private_erm_and_incremental_regression.md §3) sets
 :class:`OrderedReleaseDoFn` with exactly its own state cells.
 """
 
-import hashlib
-import pickle
 from typing import Any, Iterable, List, NamedTuple, Optional, Tuple
 
 import apache_beam as beam
@@ -35,11 +33,16 @@ from apache_beam.transforms.userstate import (BagStateSpec, ReadModifyWriteState
 
 from dp_beam.mechanisms import make_noise
 from dp_beam.mechanisms.noise_key import KeyedNoise, NoiseKey, encode_identity
+from dp_beam.mechanisms.stable_hash import stable_hash
 from dp_beam.progress import ReleaseProgress
 from dp_beam.records import InvalidElement
 from dp_beam.transforms.events import INVALID, NAMESPACE
 from dp_beam.transforms.schedule import NotAdmitted, Schedule, StreamStart
 from dp_beam.transforms.stream_keys import KV
+
+__all__ = ["ACCOUNTING", "BagLog", "CLOSED", "ContinualResult", "key_label", "LoggedReleaseDoFn",
+           "NOT_ADMITTED", "OrderedReleaseDoFn", "PLAN_ATTRIBUTE", "release_in_order",
+           "ReleaseSpec"]
 
 ACCOUNTING = "accounting"
 #: Stream keys whose base noise source a release DoFn keeps (each a few hundred bytes).
@@ -133,10 +136,9 @@ def key_label(key):
         return ("repr", type(key).__module__, type(key).__qualname__, repr(key))
 
 
-def _stable_hash(key) -> int:
-    # Python's hash() is salted per process: a test seed must give every key
-    # the same noise on every worker and every run.
-    return int.from_bytes(hashlib.sha256(pickle.dumps(key, protocol=4)).digest()[:8], "big")
+# Python's hash() is salted per process: a test seed must give every key the
+# same noise on every worker and every run.
+_stable_hash = stable_hash
 
 
 class BagLog:

@@ -1,0 +1,413 @@
+"""The central, single-stream part of Algorithm 6 (seed 003): :class:`ContinualMeanCore`.
+
+Spec withhold_release_and_composition.md §2.9 (§6 A10 for the order within a
+step): the continual counters of the levels (and the count tree under
+participation), buffering of inactive levels, activation, priors and the
+released estimate, stepped once per time step with one merged
+:class:`~.aggregate.MeanAggregate`. Its state is the plain dict of
+:meth:`ContinualMeanCore.to_state`.
+"""
+
+import math
+
+import numpy as np
+
+from ..noise import gaussian_halfwidth, laplace_sum_halfwidth, make_noise
+from ..registry import get_mechanism
+from .aggregate import MeanAggregate
+from .median import private_median
+from .plan import PRIOR_CONFIDENCE, prior_error_bound
+from .schedule import element_size
+
+__all__ = [
+    "MeanStep",
+    "ContinualMeanCore",
+]
+
+
+class MeanStep:
+    """One release of the core: rescaled estimate and its public metadata."""
+
+    __slots__ = ("t", "estimate", "diverse", "noise_std", "ci95", "denominator", "active",
+                 "priors", "events")
+
+    def __init__(self, **kw):
+        for k in self.__slots__:
+            setattr(self, k, kw.get(k))
+
+    def __repr__(self):
+        return f"MeanStep(t={self.t}, estimate={self.estimate}, diverse={self.diverse})"
+
+
+class ContinualMeanCore:
+    """The central, single-stream part of Algorithm 6 (spec §2.9), stepped once per time step.
+
+    Per step (§6 A10 order): update counts (count tree under participation) →
+    activate levels whose condition holds (median, flush of the buffer) →
+    feed every tree this step's level sum → output. Inactive trees are fed
+    zero and left out of the estimate (they hold no element). Values are in
+    [0,1]^d here; ``lower``/``upper`` rescale the output (§3.1, post-processing).
+
+    ``horizon``: number of steps per tree (None: unbounded, §1.6 U2).
+    """
+
+    name = "withhold_release_mean"
+
+    def __init__(self, params, lower=0.0, upper=1.0, horizon=None, rng=None):
+        self.p = params
+        self.lower = np.broadcast_to(np.asarray(lower, dtype=np.float64), (params.dim,)).copy()
+        self.upper = np.broadcast_to(np.asarray(upper, dtype=np.float64), (params.dim,)).copy()
+        self.horizon = horizon
+        self.source = make_noise(rng)
+        self.t = 0
+        # Value tree j takes the per-step sum of the elements of the levels in tree_groups[j]
+        # (the paper: one tree B_ℓ per level).
+        self.trees = {j: self._tree(j, params.group_sensitivity(j), params.dim)
+                      for j in range(len(params.tree_groups))}
+        self.count_tree = (self._tree("count", self.p.count_sensitivity(), self.p.count_dim)
+                           if params.participation else None)
+        self.active = {lv: lv not in params.prior_set for lv in params.levels}
+        self.prior = {}                      # level → grid indices (d,)
+        self.buffer = {}                     # level → G × d projected sums of buffered elements
+        self.counts = {lv: 0 for lv in params.levels}
+        self.samples_in = {lv: 0 for lv in params.immediate}    # samples of levels fed at once
+        self.a = {lv: 0 for lv in params.median_levels}
+        self.max_count = 0
+        self.store = {}                      # order key → list of samples (index order)
+        self.noisy_counts = None
+        # Release-prior preset: the previous release (rescaled to [0,1]) and its error bound.
+        self.last_est01 = None
+        self.last_bound = math.inf
+        # Prior query: running Σ_u m_u and Σ_u 1/k_u, and the answer once given.
+        self.prefix_mean = np.zeros(params.dim)
+        self.prefix_inv = 0.0
+        self.query = None                    # (estimate in [0,1]^d, public bound, step)
+
+    def _tree(self, key, sensitivity, dim):
+        p = self.p
+        kw = dict(epsilon=p.tree_epsilon(key), sensitivity=sensitivity, horizon=self.horizon, dim=dim,
+                  rng=self.source)
+        if p.noise == "gaussian":
+            kw.update(noise="gaussian", delta=p.delta, calibration="zcdp")
+        return get_mechanism(p.mechanism)(**kw)
+
+    # -- serialisation ---------------------------------------------------------
+
+    def to_state(self):
+        return {
+            "mechanism": self.name, "t": self.t,
+            "trees": {lv: tr.to_state() for lv, tr in self.trees.items()},
+            "count_tree": None if self.count_tree is None else self.count_tree.to_state(),
+            "active": dict(self.active), "prior": {k: v.tolist() for k, v in self.prior.items()},
+            "buffer": {k: v.tolist() for k, v in self.buffer.items()},
+            "counts": dict(self.counts), "samples_in": dict(self.samples_in), "a": dict(self.a),
+            "max_count": self.max_count,
+            "store": {k: [(i, x.tolist()) for i, x in v] for k, v in self.store.items()},
+            "noisy_counts": None if self.noisy_counts is None else self.noisy_counts.tolist(),
+            "last_est01": None if self.last_est01 is None else self.last_est01.tolist(),
+            "last_bound": self.last_bound,
+            "prefix_mean": self.prefix_mean.tolist(), "prefix_inv": self.prefix_inv,
+            "query": None if self.query is None else (self.query[0].tolist(), self.query[1], self.query[2]),
+        }
+
+    @classmethod
+    def from_state(cls, params, state, lower=0.0, upper=1.0, rng=None):
+        if not isinstance(state, dict) or state.get("mechanism") != cls.name:
+            raise ValueError("state is not a continual-mean core state")
+        core = cls(params, lower, upper, horizon=next(iter(state["trees"].values()))["horizon"], rng=rng)
+        core.t = state["t"]
+        core.trees = {lv: get_mechanism(s["mechanism"]).from_state(s, rng=core.source)
+                      for lv, s in state["trees"].items()}
+        if state["count_tree"] is not None:
+            ct = state["count_tree"]
+            core.count_tree = get_mechanism(ct["mechanism"]).from_state(ct, rng=core.source)
+        core.active = dict(state["active"])
+        core.prior = {k: np.asarray(v, dtype=np.int64) for k, v in state["prior"].items()}
+        core.buffer = {k: np.asarray(v, dtype=np.float64) for k, v in state["buffer"].items()}
+        core.counts = dict(state["counts"])
+        core.samples_in = dict(state["samples_in"])
+        core.a = dict(state["a"])
+        core.max_count = state["max_count"]
+        core.store = {k: [(i, np.asarray(x, dtype=np.float64)) for i, x in v]
+                      for k, v in state["store"].items()}
+        nc = state["noisy_counts"]
+        core.noisy_counts = None if nc is None else np.asarray(nc, dtype=np.float64)
+        est = state.get("last_est01")
+        core.last_est01 = None if est is None else np.asarray(est, dtype=np.float64)
+        core.last_bound = float(state.get("last_bound", math.inf))
+        core.prefix_mean = np.asarray(state["prefix_mean"], dtype=np.float64)
+        core.prefix_inv = float(state["prefix_inv"])
+        q = state["query"]
+        core.query = None if q is None else (np.asarray(q[0], dtype=np.float64), float(q[1]), int(q[2]))
+        return core
+
+    # -- the step --------------------------------------------------------------
+
+    def _prior_values(self, level):
+        return self.p.grid(level)[self.prior[level]]          # (d,)
+
+    def _pick(self, level, proj):
+        """Row of the chosen prior in each coordinate of a G × d projected sum."""
+        return proj[self.prior[level], np.arange(self.p.dim)]
+
+    def _activation_due(self, level):
+        p = self.p
+        if not p.participation:
+            return self.a[level] >= p.activation_threshold(level)
+        # Noisy A_ℓ/2^{ℓ−1} minus a public margin (the count tree's 95 % half-width),
+        # so that activation rarely happens before k_ℓ arrays can be filled.
+        j = len(p.count_groups) + p.median_levels.index(level)
+        margin = self.count_tree.ci_halfwidth(self.count_tree.t) / p.count_weights[j]
+        return self.noisy_counts[j] - margin >= p.k[level]
+
+    def _ask_query(self):
+        """Prior query: answer it once, at the first step whose public bound reaches the target."""
+        p = self.p
+        users = self.counts[0]                  # users so far: public under "values"
+        bound = p.query_bound(users, self.prefix_inv)
+        if bound > p.query_target:
+            return
+        draw = self.source.laplace if p.noise == "laplace" else self.source.gaussian
+        noise = draw(p.query_noise_scale(), p.dim)
+        self.query = (np.clip((self.prefix_mean + noise) / users, 0.0, 1.0), bound, self.t)
+
+    def _release_prior(self, level):
+        """Tuned preset: grid index of level ℓ's prior, or None while no public estimate's
+        bound is at most γ_ℓ: the previous release or the prior query's answer, whichever
+        has the smaller bound (post-processing of released outputs only)."""
+        est, bound = self.last_est01, self.last_bound
+        if self.query is not None and self.query[1] < bound:
+            est, bound = self.query[0], self.query[1]
+        if est is None or bound > self.p.gamma[level]:
+            return None
+        G = self.p.G[level]
+        y = np.clip(est, 0.0, 1.0)
+        return np.minimum(np.floor(y * G), G - 1).astype(np.int64)
+
+    def step(self, agg=None):
+        """Consume one step's :class:`MeanAggregate` (None = empty step); return a :class:`MeanStep`."""
+        p = self.p
+        agg = agg if agg is not None else MeanAggregate()
+        self.t += 1
+        for lv, c in agg.counts.items():
+            self.counts[lv] += c
+        for lv, c in agg.n_low.items():
+            self.samples_in[lv] += c
+        if agg.prefix:
+            self.prefix_mean = self.prefix_mean + agg.prefix["mean"]
+            self.prefix_inv += agg.prefix["inv"]
+        if p.query and self.query is None and not all(self.active.values()):
+            self._ask_query()
+        for lv, c in agg.a_inc.items():
+            self.a[lv] += c
+        self.max_count = max(self.max_count, agg.max_count)
+        if any(not self.active[lv] for lv in p.median_levels):
+            for key, idx, x in agg.samples:
+                self.store.setdefault(key, []).append((idx, np.asarray(x, dtype=np.float64)))
+        if self.count_tree is not None:
+            inc = np.zeros(p.count_dim)
+            for j, (group, unit) in enumerate(zip(p.count_groups, p.count_unit)):
+                inc[j] = sum(self._new_samples(lv, agg) for lv in group) / unit
+            for i, lv in enumerate(p.median_levels):
+                inc[len(p.count_groups) + i] = agg.a_inc.get(lv, 0) / element_size(lv)
+            # Coordinate j carries v_j times its count (public weights); divided back here.
+            noisy = self.count_tree.step(inc * p.count_weights)
+            self.noisy_counts = np.atleast_1d(np.asarray(noisy, dtype=np.float64)) / p.count_weights
+            if p.preset == "tuned":
+                # Post-processing: every count coordinate is a number of users (or of
+                # elements, one per user) in [0, n]. With centred elements a level whose
+                # count clamps to 0 drops out of numerator and denominator alike.
+                self.noisy_counts = np.clip(self.noisy_counts, 0.0, float(p.n))
+
+        feed, fed_n = {}, {}
+        for lv in p.prior_levels:
+            if lv in agg.proj:
+                if self.active[lv]:
+                    feed[lv] = self._pick(lv, agg.proj[lv])
+                    fed_n[lv] = agg.counts.get(lv, 0)
+                else:
+                    self.buffer[lv] = self.buffer[lv] + agg.proj[lv] if lv in self.buffer else agg.proj[lv]
+        for lv in p.prior_levels:
+            if self.active[lv]:
+                continue
+            if p.prior == "median":
+                if not self._activation_due(lv):
+                    continue
+                store = {k: [x for _, x in sorted(v, key=lambda e: e[0])] for k, v in self.store.items()}
+                self.prior[lv] = private_median(lv, store, p, self.source)
+            else:
+                idx = self._release_prior(lv)
+                if idx is None:
+                    continue
+                self.prior[lv] = idx
+            self.active[lv] = True
+            if lv in self.buffer:
+                # The buffer holds every level-ℓ element so far, this step's included (A6-4).
+                feed[lv] = self._pick(lv, self.buffer.pop(lv))
+                fed_n[lv] = self.counts[lv]
+        if all(self.active.values()):
+            self.store = {}
+
+        totals = {}
+        for lv in p.levels:
+            x = np.zeros(p.dim)
+            if lv not in p.prior_set:
+                if lv in agg.low:
+                    x = np.asarray(agg.low[lv], dtype=np.float64)
+                n_new = agg.counts.get(lv, 0)
+            else:
+                if lv in feed:
+                    x = np.asarray(feed[lv], dtype=np.float64)
+                n_new = fed_n.get(lv, 0)
+            if p.participation:
+                # Centre before the tree: presence, not spread, is what a user changes.
+                if lv in p.immediate:
+                    x = x - 0.5 * agg.n_low.get(lv, 0)
+                elif n_new:
+                    x = x - n_new * self._centre(lv)
+            totals[lv] = x
+        for j, group in enumerate(p.tree_groups):
+            self.trees[j].step(sum(totals[lv] for lv in group))
+        return self._output(agg)
+
+    def _new_samples(self, level, agg):
+        """Samples a step adds to level ℓ's sums: fed at once (tuned, untruncated) or whole elements."""
+        if level in self.p.immediate:
+            return agg.n_low.get(level, 0)
+        return element_size(level) * agg.counts.get(level, 0)
+
+    def _covered(self, level):
+        """Samples level ℓ's sums cover so far."""
+        if level in self.p.immediate:
+            return self.samples_in[level]
+        return element_size(level) * self.counts[level]
+
+    def _centre(self, level):
+        s = element_size(level)
+        if level not in self.p.prior_set:
+            return 0.5 * s
+        c = s * self._prior_values(level)
+        if self.p.preset == "paper":
+            return c
+        # Tuned: midpoint of J_ℓ = I_ℓ ∩ [0, s], so |Π(S) − centre| <= min(Δ_ℓ, s/2).
+        D = self.p.Delta[level]
+        return (np.maximum(c - D, 0.0) + np.minimum(c + D, s)) / 2
+
+    def _output(self, agg):
+        p = self.p
+        active = [lv for lv in p.levels if self.active[lv]]
+        tree_keys = [j for j, group in enumerate(p.tree_groups) if any(self.active[lv] for lv in group)]
+        if not p.participation:
+            num = sum(self.trees[key].current() for key in tree_keys)
+            den = float(sum(self._covered(lv) for lv in active))
+            est01 = np.asarray(num, dtype=np.float64) / den if den > 0 else np.full(p.dim, 0.5)
+            trees = [self.trees[key] for key in tree_keys] if self.t else []
+            std = math.sqrt(sum(tr.noise_std(self.t) ** 2 for tr in trees))
+            std01 = std / den if den > 0 else math.inf
+            if den <= 0:
+                ci01 = math.inf
+            elif p.noise == "gaussian":
+                ci01 = gaussian_halfwidth(std01)
+            elif all(hasattr(tr, "noise_scales") for tr in trees):
+                # Trees expose their independent Laplace node scales: exact interval.
+                ci01 = laplace_sum_halfwidth(
+                    [s for tr in trees for s in tr.noise_scales(self.t)]) / den
+            else:
+                # Other mechanisms mix their Laplace noises; a Bonferroni union of
+                # the per-tree exact intervals keeps coverage >= 95 %.
+                ci01 = sum(tr.ci_halfwidth(self.t, 1 - 0.05 / len(trees)) for tr in trees) / den
+            diverse = self._diverse_values()
+        else:
+            nc = self.noisy_counts
+            num = sum(np.asarray(self.trees[key].current(), dtype=np.float64) for key in tree_keys)
+            num = num + np.zeros(p.dim)
+            den = 0.0
+            groups = [j for j, group in enumerate(p.count_groups) if all(self.active[lv] for lv in group)]
+            # Per count coordinate: samples per unit and centre per sample (levels of a
+            # merged coordinate are untruncated and share the centre ½).
+            units = {j: p.count_unit[j] for j in groups}
+            centres = {j: self._centre(p.count_groups[j][0]) / element_size(p.count_groups[j][0])
+                       for j in groups}
+            for j in groups:
+                num = num + centres[j] * units[j] * nc[j]
+                den += units[j] * nc[j]
+            den_raw = den
+            # First-order (delta-method) std: tree noise plus the count noise
+            # weighted by how far each coordinate's centre is from the estimate
+            # (coordinate j of the count tree carries v_j times its count: noise cstd/v_j).
+            cstd = self.count_tree.noise_std(self.t)
+            tvar = sum(self.trees[key].noise_std(self.t) ** 2 for key in tree_keys)
+            eta = {j: cstd / p.count_weights[j] for j in groups}
+            sd_den = math.sqrt(sum((units[j] * eta[j]) ** 2 for j in groups))
+            # Post-processing of noisy counts: the denominator is at least one sample
+            # and, tuned, at least its noise's 95 % half-width (public). Below that a
+            # ratio estimate divides by noise (heavy Laplace tails made single runs
+            # of the routes stream miss by the whole range); the missing mass is
+            # filled with samples at the public centre ½, shrinking toward it.
+            if p.preset == "paper":
+                den = max(den, 1.0)
+            else:
+                floor = max(1.0, gaussian_halfwidth(sd_den))
+                if den < floor:
+                    num = num + 0.5 * (floor - den)
+                    den = floor
+            est01 = num / den
+
+            var = tvar + sum((units[j] * (centres[j] - est01) * eta[j]) ** 2 for j in groups)
+            std01 = np.sqrt(var) / den
+            ci01 = gaussian_halfwidth(1.0) * std01
+            # For the activation bound: the error is exactly (a − r·b)/den̂, with a, b the
+            # numerator and denominator noises and r the exact mean. The std sd(r) of
+            # a − r·b satisfies sd(r) <= sd(est) + |r − est|·sd(b) (triangle inequality),
+            # so |error| <= z·sd(r)/den̂ implies |error| <= z·sd(est)/(den̂ − z·sd(b)).
+            z = gaussian_halfwidth(1.0, PRIOR_CONFIDENCE)
+            slack = den_raw - z * sd_den
+            bound_std = std01 * den / slack if slack > 0 else np.full(p.dim, math.inf)
+            diverse = self._diverse_participation()
+        if p.prior == "release":
+            self._update_bound(est01, std01 if not p.participation else bound_std, den)
+        R = self.upper - self.lower
+        estimate = self.lower + R * est01
+        noise_std = R * std01
+        ci95 = R * ci01
+        if p.dim == 1:
+            estimate, noise_std, ci95 = float(estimate[0]), float(np.ravel(noise_std)[0]), float(np.ravel(ci95)[0])
+        else:
+            noise_std = np.broadcast_to(noise_std, (p.dim,)).copy()
+            ci95 = np.broadcast_to(ci95, (p.dim,)).copy()
+        return MeanStep(t=self.t, estimate=estimate, diverse=bool(diverse), noise_std=noise_std,
+                        ci95=ci95, denominator=den, active=tuple(active),
+                        priors={lv: self._prior_values(lv).tolist() for lv in self.prior},
+                        events=agg.events)
+
+    def _update_bound(self, est01, std01, den):
+        """Tuned preset: keep this release and a public bound on its distance from μ (max over coordinates).
+
+        The bound is :func:`prior_error_bound`; under participation N and the
+        std are the noisy, first-order ones. Everything here is computed from released
+        values and public constants, so activation is post-processing.
+        """
+        self.last_est01 = np.asarray(est01, dtype=np.float64).copy()
+        std = float(np.max(std01))
+        if den <= 0 or not math.isfinite(std):
+            self.last_bound = math.inf
+            return
+        self.last_bound = prior_error_bound(std, den)
+
+    def _diverse_values(self):
+        """Canonical Div(t) (§2.9, §6 A9): ℓ* = ⌊log2 M_t⌋ ≤ 1 or A_{ℓ*} ≥ 2^{ℓ*−1}k_{ℓ*}. Public.
+
+        With the release prior (tuned preset): every level up to ℓ* is active."""
+        if self.max_count <= 0:
+            return False
+        top = min(self.max_count.bit_length() - 1, self.p.L)
+        if self.p.prior == "release":
+            return all(self.active[lv] for lv in self.p.levels if lv <= top)
+        return top <= 1 or self.a[top] >= self.p.activation_threshold(top)
+
+    def _diverse_participation(self):
+        """Participation: M_t is private, so the flag says every level whose noisy
+        element count exceeds its 95 % noise half-width is active (post-processing)."""
+        margin = self.count_tree.ci_halfwidth(self.count_tree.t)
+        return all(all(self.active[lv] for lv in group) or self.noisy_counts[j] <= margin / self.p.count_weights[j]
+                   for j, group in enumerate(self.p.count_groups))

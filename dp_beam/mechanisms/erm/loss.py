@@ -1,0 +1,120 @@
+"""The loss of private ERM: L2-regularisable logistic loss on clipped features.
+
+Spec private_erm_and_incremental_regression.md §1.2 and §5.5 (seed 004:
+Watson et al., *Continual and Sliding Window Release for Private ERM*):
+binary or softmax logistic regression whose Lipschitz and smoothness
+constants come from the public feature bound only, which is what the
+sensitivity of every release is calibrated to.
+"""
+
+import math
+
+import numpy as np
+
+from .validation import _int, _real
+
+__all__ = ["LogisticLoss"]
+
+
+class LogisticLoss:
+    """Logistic loss, binary (2 classes) or softmax (K ≥ 3), on clipped features.
+
+    Features are clipped to ``‖x‖₂ <= feature_bound`` (contribution bounding,
+    spec §5.5); with ``fit_intercept`` a constant 1 is appended, so the
+    augmented x̃ has ``‖x̃‖ <= R̃ = √(R_x² + 1)`` and the intercept is part of
+    the regularised parameter vector (strong convexity must hold in every
+    coordinate). The Lipschitz constant comes from these public bounds only:
+
+    * binary: ∇ℓ = −s·σ(−s⟨θ, x̃⟩)·x̃ with s = ±1, so ``L = R̃``;
+    * softmax: ∇ℓ = (p − e_y)x̃ᵀ with ‖p − e_y‖₂ <= √2, so ``L = √2·R̃``.
+
+    Parameter count p: d + 1 (binary, with intercept) or K·(d + 1) (softmax);
+    without intercept drop the +1. The flat parameter vector is
+    ``[w, b]`` (binary) or ``[W (K×d) row-major, b (K)]`` (softmax).
+    """
+
+    def __init__(self, n_features, classes, feature_bound, fit_intercept=True):
+        self.n_features = _int("n_features", n_features, 1)
+        classes = tuple(classes) if classes is not None else ()
+        if len(classes) < 2:
+            raise ValueError(f"classes must list at least 2 distinct labels, got {classes!r}")
+        if len(set(classes)) != len(classes):
+            raise ValueError(f"classes must be distinct, got {classes!r}")
+        self.classes = classes
+        self._index = {c: i for i, c in enumerate(classes)}
+        self.feature_bound = _real("feature_bound", feature_bound, positive=True)
+        if not isinstance(fit_intercept, bool):
+            raise ValueError(f"fit_intercept must be a bool, got {fit_intercept!r}")
+        self.fit_intercept = fit_intercept
+        self.binary = len(classes) == 2
+        self.n_outputs = 1 if self.binary else len(classes)
+        self.n_params = self.n_outputs * (self.n_features + int(fit_intercept))
+        self.augmented_bound = math.sqrt(self.feature_bound**2 + (1.0 if fit_intercept else 0.0))
+        self.lipschitz = self.augmented_bound * (1.0 if self.binary else math.sqrt(2.0))
+        # Hessian of the per-example loss: σ(1−σ)x̃x̃ᵀ <= x̃x̃ᵀ/4 (binary);
+        # (diag(p) − ppᵀ) ⊗ x̃x̃ᵀ with ‖diag(p) − ppᵀ‖ <= 1/2 (softmax).
+        self.smoothness = self.augmented_bound**2 * (0.25 if self.binary else 0.5)
+
+    def labels(self, y):
+        """Class indices of the labels ``y``; ValueError naming ``y`` for an unknown label."""
+        try:
+            return np.array([self._index[v] for v in np.asarray(y, dtype=object).ravel()], dtype=np.int64)
+        except (KeyError, TypeError):
+            bad = [v for v in np.asarray(y, dtype=object).ravel() if v not in self._index]
+            raise ValueError(f"y must hold labels from classes {self.classes!r}, got {bad[:3]!r}") from None
+
+    def clip(self, X):
+        """Rows of X scaled down to norm ``feature_bound``; ValueError naming ``X`` if not finite."""
+        X = np.asarray(X, dtype=np.float64)
+        if X.ndim != 2 or X.shape[1] != self.n_features:
+            raise ValueError(f"X must have shape (n, {self.n_features}), got {X.shape}")
+        if not np.all(np.isfinite(X)):
+            raise ValueError("X must be finite")
+        norms = np.linalg.norm(X, axis=1)
+        factor = np.minimum(1.0, self.feature_bound / np.maximum(norms, 1e-300))
+        return X * factor[:, None]
+
+    def augment(self, X):
+        if self.fit_intercept:
+            return np.hstack([X, np.ones((X.shape[0], 1))])
+        return X
+
+    def unpack(self, theta):
+        """``(weights, intercept)``: shapes ``(d,)``, scalar (binary) or ``(K, d)``, ``(K,)``."""
+        theta = np.asarray(theta, dtype=np.float64)
+        d = self.n_features
+        if self.binary:
+            return theta[:d].copy(), float(theta[d]) if self.fit_intercept else 0.0
+        K = self.n_outputs
+        mat = theta.reshape(K, d + int(self.fit_intercept))
+        intercept = mat[:, d].copy() if self.fit_intercept else np.zeros(K)
+        return mat[:, :d].copy(), intercept
+
+    def value_grad(self, theta, Xa, yi):
+        """Mean loss and gradient over augmented rows ``Xa`` with class indices ``yi``."""
+        n = Xa.shape[0]
+        if self.binary:
+            s = 2.0 * yi - 1.0
+            m = s * (Xa @ theta)
+            value = float(np.mean(np.logaddexp(0.0, -m)))
+            coef = -s * _sigmoid(-m)
+            return value, Xa.T @ coef / n
+        K = self.n_outputs
+        Th = theta.reshape(K, Xa.shape[1])
+        Z = Xa @ Th.T
+        zmax = Z.max(axis=1, keepdims=True)
+        lse = zmax[:, 0] + np.log(np.exp(Z - zmax).sum(axis=1))
+        value = float(np.mean(lse - Z[np.arange(n), yi]))
+        P = np.exp(Z - lse[:, None])
+        P[np.arange(n), yi] -= 1.0
+        return value, (P.T @ Xa).ravel() / n
+
+    def decision(self, theta, X):
+        Xa = self.augment(self.clip(X))
+        if self.binary:
+            return Xa @ np.asarray(theta, dtype=np.float64)
+        return Xa @ np.asarray(theta, dtype=np.float64).reshape(self.n_outputs, Xa.shape[1]).T
+
+
+def _sigmoid(z):
+    return np.where(z >= 0, 1.0 / (1.0 + np.exp(-np.abs(z))), np.exp(-np.abs(z)) / (1.0 + np.exp(-np.abs(z))))

@@ -1,0 +1,252 @@
+"""Machinery shared by the private-ERM streams: configuration, blocks, state.
+
+Spec private_erm_and_incremental_regression.md §0, §1.9 and §3 (seed 004:
+Watson et al., *Continual and Sliding Window Release for Private ERM*).
+Time is record count: a stream's ``t`` is the number of points consumed and
+intervals ``(a, b]`` are half-open record ranges. A stream buffers points
+into blocks, keeps complete blocks in a :class:`~.log.BlockLog`, asks its
+subclass which models the new block triggers, and serialises a small state
+(:meth:`_ERMStream.to_state`) apart from the log.
+"""
+
+import numpy as np
+
+from ..calibration import rho_from_eps, rho_from_eps_delta
+from ..noise import ZeroNoise, make_noise
+from .log import MemoryBlockLog
+from .loss import LogisticLoss
+from .perturbation import OutputPerturbation
+from .record import ModelRelease
+from .validation import _int, _real
+
+__all__ = ["_ERMStream"]
+
+
+def _merge(intervals):
+    out = []
+    for lo, hi in sorted(intervals):
+        if out and lo <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], hi))
+        else:
+            out.append((lo, hi))
+    return tuple(out)
+
+
+class _ERMStream:
+    """Shared machinery: configuration, block buffering, retained blocks, state."""
+
+    name = None
+    STATE_VERSION = 1
+
+    def __init__(self, *, epsilon, block_size, n_features, classes, feature_bound, lam,
+                 fit_intercept, noise, delta, rng, tol_fraction, log=None):
+        if log is not None and not all(callable(getattr(log, m, None)) for m in ("append", "read", "release_before")):
+            raise ValueError(f"log must be a BlockLog (append, read, release_before) or None, got {log!r}")
+        self.block_size = _int("block_size", block_size, 1)
+        self.loss = LogisticLoss(n_features, classes, feature_bound, fit_intercept)
+        self.epsilon = _real("epsilon", epsilon, positive=True)
+        self.lam = _real("lam", lam, positive=True)
+        # Validate noise/delta once, on the whole budget, so errors name them.
+        OutputPerturbation(self.loss, lam, epsilon, noise, delta, rng=ZeroNoise(), tol_fraction=tol_fraction)
+        self.noise = noise
+        self.delta = None if noise != "gaussian" else float(delta)
+        self.tol_fraction = float(tol_fraction)
+        self._source = make_noise(rng)
+        # Complete blocks: index (1-based count) -> (X clipped, class indices).
+        self._log = MemoryBlockLog() if log is None else log
+        self._keep = 1             # first block a future training may read
+        self._buffer_X, self._buffer_y = [], []
+        self._count = 0            # complete blocks consumed
+        self._trained = []         # models trained by the last block, in training order
+
+    def _component(self, share):
+        """Output perturbation with ``share`` of the budget (ε·share, or ρ·share for Gaussian)."""
+        if self.noise == "gaussian":
+            # ρ(ε, δ)·share as a ρ-budget: build with the total and scale ρ.
+            op = OutputPerturbation(self.loss, self.lam, self.epsilon, self.noise, self.delta,
+                                    rng=self._source, tol_fraction=self.tol_fraction)
+            op.rho = op.rho * share
+            return op
+        return OutputPerturbation(self.loss, self.lam, self.epsilon * share, self.noise, None,
+                                  rng=self._source, tol_fraction=self.tol_fraction)
+
+    @property
+    def t(self):
+        """Number of points consumed in complete blocks."""
+        return self._count * self.block_size
+
+    def _config(self):
+        return {
+            "epsilon": self.epsilon, "block_size": self.block_size,
+            "n_features": self.loss.n_features, "classes": list(self.loss.classes),
+            "feature_bound": self.loss.feature_bound, "lam": self.lam,
+            "fit_intercept": self.loss.fit_intercept, "noise": self.noise, "delta": self.delta,
+            "tol_fraction": self.tol_fraction,
+        }
+
+    def privacy_cost(self):
+        """``{"epsilon", "delta", "rho"}`` of the whole release sequence, per record (§1.9)."""
+        if self.noise == "gaussian":
+            return {"epsilon": self.epsilon, "delta": self.delta,
+                    "rho": rho_from_eps_delta(self.epsilon, self.delta)}
+        return {"epsilon": self.epsilon, "delta": 0.0, "rho": rho_from_eps(self.epsilon)}
+
+    # -- input --------------------------------------------------------------------
+
+    def push(self, x, y):
+        """Buffer one point; when a block completes, run :meth:`step` and return its releases."""
+        x = np.asarray(x, dtype=np.float64).reshape(1, -1)
+        X = self.loss.clip(x)
+        yi = self.loss.labels([y])
+        self._buffer_X.append(X[0])
+        self._buffer_y.append(int(yi[0]))
+        if len(self._buffer_y) < self.block_size:
+            return []
+        Xb, yb = np.array(self._buffer_X), np.array(self._buffer_y, dtype=np.int64)
+        self._buffer_X, self._buffer_y = [], []
+        return self._consume(Xb, yb)
+
+    def extend(self, X, y):
+        """Push many points in order; returns all releases they complete."""
+        out = []
+        for xi, yi in zip(np.asarray(X, dtype=np.float64), list(y)):
+            out.extend(self.push(xi, yi))
+        return out
+
+    def step(self, X, y):
+        """Consume one block of exactly ``block_size`` points; returns its releases (maybe none)."""
+        if self._buffer_y:
+            raise ValueError("step needs an empty point buffer; finish the block with push()")
+        X = self.loss.clip(X)
+        yi = self.loss.labels(y)
+        if X.shape[0] != self.block_size or yi.shape[0] != self.block_size:
+            raise ValueError(f"X and y must hold exactly block_size={self.block_size} points, "
+                             f"got {X.shape[0]} and {yi.shape[0]}")
+        return self._consume(X, yi)
+
+    @property
+    def trained_last_step(self):
+        """Models trained (noise drawn) by the last block, in training order.
+
+        Each costs its ``fraction`` of the budget for every record of its
+        ``trained_on``; a release of an older model costs nothing. Summing
+        these per record is the exact privacy accounting of §1.9.
+        """
+        return list(self._trained)
+
+    def _consume(self, X, yi):
+        self._count += 1
+        self._trained = []
+        self._log.append(self._count, (X, yi))
+        releases = self._schedule(self._count)
+        self._keep = max(self._keep, self._retain_from(self._count))
+        self._log.release_before(self._keep)
+        return releases
+
+    @property
+    def log(self):
+        """The :class:`BlockLog` holding the complete blocks."""
+        return self._log
+
+    @property
+    def retained_blocks(self):
+        """``(first, last)``: the blocks a future training may read (empty if first > last)."""
+        return self._keep, self._count
+
+    def _data(self, lo, hi):
+        """Points of blocks lo+1..hi (block interval (lo, hi]), read from the log."""
+        blocks = self._log.read(lo, hi)
+        return np.vstack([X for X, _ in blocks]), np.concatenate([y for _, y in blocks])
+
+    def _release(self, op, kind, level, blocks, ref, fraction, depends_on, window):
+        """Train on block interval ``blocks`` regularised toward release ``ref``; wrap the result."""
+        X, yi = self._data(*blocks)
+        theta_ref = None if ref is None else ref.params
+        theta, noise = op.train(X, yi, theta_ref, fraction)
+        bs = self.block_size
+        rec = lambda iv: (iv[0] * bs, iv[1] * bs)  # noqa: E731
+        release = ModelRelease(
+            t=self.t, kind=kind, level=level, trained_on=rec(blocks),
+            regulariser=None if ref is None else ref.trained_on,
+            depends_on=_merge([rec(iv) for iv in depends_on]), window=rec(window),
+            params=theta, classes=self.loss.classes, n_features=self.loss.n_features,
+            fit_intercept=self.loss.fit_intercept, noise=self.noise,
+            noise_scale=noise["scale"], noise_std=noise["std"], fraction=fraction,
+            call_epsilon=fraction * op.epsilon if self.noise != "gaussian" else None,
+            call_rho=fraction * op.rho,
+        )
+        self._trained.append(release)
+        return release
+
+    # -- state ------------------------------------------------------------------------
+
+    def to_state(self):
+        """Plain dict (JSON-friendly): configuration, buffer, models, counters — and the blocks
+        if the stream keeps them in memory.
+
+        With the default :class:`MemoryBlockLog` the state is self-contained:
+        it includes the retained blocks. With an engine's log (``log=`` at
+        construction) it is only the *small state* — the partial block
+        (< block_size points), the models (the class docstrings bound their
+        number by O(log t)) and counters — and the blocks stay in that log; the
+        state then says ``"log": "external"`` and :meth:`from_state` needs the
+        same log. The noise source is not included; :meth:`from_state` takes
+        its own. The state (like the log) holds raw clipped points and must be
+        stored like the data.
+        """
+        state = {
+            "mechanism": self.name, "version": self.STATE_VERSION, "config": self._config(),
+            "count": self._count, "keep": self._keep,
+            "buffer": {"X": [list(map(float, r)) for r in self._buffer_X], "y": list(self._buffer_y)},
+            "dynamic": self._dynamic_state(),
+        }
+        if isinstance(self._log, MemoryBlockLog):
+            state["blocks"] = {str(b): {"X": X.tolist(), "y": y.tolist()}
+                               for b, (X, y) in sorted(self._log.blocks.items())}
+        else:
+            state["log"] = "external"
+        return state
+
+    @classmethod
+    def from_state(cls, state, rng=None, log=None):
+        """Rebuild a stream from :meth:`to_state`; ``rng`` as in the constructor.
+
+        ``log``: the :class:`BlockLog` that holds the blocks of a small state
+        (``"log": "external"``); required for such a state. Given with a
+        self-contained state, the state's blocks are appended to it (moving a
+        stream's history into a durable log).
+        """
+        if not isinstance(state, dict) or state.get("mechanism") != cls.name:
+            raise ValueError(f"state is not a {cls.name!r} state")
+        if state.get("version") != cls.STATE_VERSION:
+            raise ValueError(f"unsupported state version {state.get('version')!r}")
+        external = state.get("log") == "external"
+        if external and log is None:
+            raise ValueError("log is required: this state keeps its blocks in an external log")
+        try:
+            obj = cls(**state["config"], rng=rng, log=log)
+            obj._count = int(state["count"])
+            obj._buffer_X = [np.asarray(r, dtype=np.float64) for r in state["buffer"]["X"]]
+            obj._buffer_y = [int(v) for v in state["buffer"]["y"]]
+            if not external:
+                blocks = {int(b): (np.asarray(v["X"], dtype=np.float64).reshape(-1, obj.loss.n_features),
+                                   np.asarray(v["y"], dtype=np.int64)) for b, v in state["blocks"].items()}
+                for b in sorted(blocks):
+                    obj._log.append(b, blocks[b])
+            default_keep = min(blocks, default=obj._count + 1) if not external else 1
+            obj._keep = int(state.get("keep", default_keep))
+            obj._log.release_before(obj._keep)
+            obj._load_dynamic(state["dynamic"])
+        except KeyError as err:
+            raise ValueError(f"state is missing field {err.args[0]!r}") from None
+        return obj
+
+    def state_size(self):
+        """``(points held, models held)``: the quantities the class docstring bounds.
+
+        Points are the partial block plus the retained blocks
+        (:attr:`retained_blocks`), wherever the log keeps them.
+        """
+        first, last = self.retained_blocks
+        points = len(self._buffer_y) + max(0, last - first + 1) * self.block_size
+        return points, self._model_count()
