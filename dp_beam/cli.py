@@ -30,6 +30,10 @@ import re
 import sys
 import traceback
 
+__all__ = ["available_jobs", "CliError", "configure_logging", "DEFAULT_JOBS_DIR", "guarded",
+           "hide_beam_import_noise", "job_main", "jobs_dir", "JOBS_ENV", "load_job", "main",
+           "make_parser", "one_line", "plan_tables", "PROG"]
+
 PROG = "dp-beam"
 JOBS_ENV = "DP_BEAM_JOBS"
 DEFAULT_JOBS_DIR = "pipelines"

@@ -42,6 +42,10 @@ from typing import Dict, Optional
 
 from apache_beam.metrics import Metrics
 
+__all__ = ["check_invalid", "DEFAULT_INTERVAL", "format_summary", "INTERVAL_ENV",
+           "interval_seconds", "invalid_share", "log_summary", "LOGGER", "NAMESPACE", "ORDER",
+           "REJECTED", "rejected", "ReleaseProgress", "summarise", "TooManyInvalid", "WARN_SHARE"]
+
 NAMESPACE = "dp_beam"
 #: Environment variable read on the workers: seconds between progress lines.
 INTERVAL_ENV = "DP_BEAM_PROGRESS_SECONDS"

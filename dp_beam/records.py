@@ -13,6 +13,9 @@ import math
 import re
 from typing import Any, NamedTuple, Optional
 
+__all__ = ["AccountingReport", "invalid_id", "InvalidElement", "KeyAdmitted", "LedgerEntry",
+           "RELATIONS", "Release", "SCHEMA_VERSION", "to_json"]
+
 SCHEMA_VERSION = 2
 
 #: The neighbour relations a ledger entry can be stated for (``LedgerEntry.relation``).

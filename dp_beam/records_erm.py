@@ -7,6 +7,8 @@ unchanged; it follows the same conventions (NamedTuple, epoch seconds,
 
 from typing import Any, NamedTuple, Optional
 
+__all__ = ["ModelRecord"]
+
 
 class ModelRecord(NamedTuple):
     """One released model of ``ContinualERM`` / ``SlidingWindowERM`` / ``MultiResolutionERM``.

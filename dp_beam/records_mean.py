@@ -7,6 +7,8 @@ unchanged; it follows the same conventions (NamedTuple, epoch seconds,
 
 from typing import Any, NamedTuple
 
+__all__ = ["MeanRelease"]
+
 
 class MeanRelease(NamedTuple):
     """One release of a continual user-level mean.

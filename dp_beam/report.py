@@ -5,7 +5,7 @@ ledger and accounting reports of an output folder (local or any Beam
 filesystem, per-bundle files of a streaming run included),
 :func:`series_of` groups releases into streams, :func:`budget_rows` states
 each privacy total exactly as the accounting report does, and
-:func:`plot_series` / :func:`render_png` / :func:`render_html` draw them.
+:func:`plot_series` / :func:`series_figure` / :func:`render_html` draw them.
 
 The budget panel shows only what ``report*.jsonl`` says: a total the
 accounting could not bound is shown as "no bound" with the report's reason,
@@ -31,6 +31,12 @@ from datetime import datetime, timezone
 from typing import Dict, List, NamedTuple, Optional
 
 from dp_beam.accounting.display import fmt
+
+__all__ = ["budget_rows", "BudgetRow", "count_like_transforms", "display_range", "final_reports",
+           "is_mean", "join", "load_outputs", "MEAN_PREFIX", "MODEL_RECORDS", "models_of",
+           "Outputs", "parse_bounds", "plot_series", "read_jsonl", "RELEASE_FILES", "render_html",
+           "ReportError", "series_figure", "series_of", "SERIES_RECORDS", "spent_text",
+           "status_text", "value_label", "write_bytes", "write_report", "ZOOM_STEPS"]
 
 #: Records that carry a running value with its noise (``value``, ``ci95``).
 SERIES_RECORDS = ("Release", "MeanRelease")

@@ -32,11 +32,11 @@ import apache_beam as beam
 from apache_beam.options.pipeline_options import PipelineOptions
 
 import dp_beam as dpb
+from dp_beam.report import join as join_path, read_jsonl
 from dp_beam.transforms.schedule import resolve_schedule
 from pipelines.flights import PERIOD_START, flights_csv_path, load_flights, period_end
-from pipelines.jobs import (LogProgress, check_options, job_parser, join_path, output_dir,
-                           plan_only, print_dead_letters_and_budget, read_jsonl, release_period,
-                           run)
+from pipelines.jobs import (LogProgress, check_options, job_parser, output_dir, plan_only,
+                           print_dead_letters_and_budget, release_period, run)
 
 STEP = timedelta(hours=1)
 DELAY_LOWER, DELAY_UPPER = -30, 120
@@ -201,7 +201,7 @@ def main(argv=None):
         finished.check_invalid(args.max_invalid_fraction)
         return paths
 
-    from dp_beam.report import plot_series, read_jsonl as read_records, series_of
+    from dp_beam.report import plot_series, series_of
 
     half = args.epsilon / 2
     titles = {
@@ -215,7 +215,7 @@ def main(argv=None):
                               *release_period(args))
     output_dir = os.path.dirname(paths["releases"])
     png = os.path.join(output_dir, "continual_count.png")
-    plot_series(series_of(read_records(paths["releases"])), png, truth=truth, titles=titles,
+    plot_series(series_of(read_jsonl(paths["releases"])), png, truth=truth, titles=titles,
                 counts={COUNT_LABEL},
                 ylabels={COUNT_LABEL: "departures so far", SUM_LABEL: "delay minutes so far"},
                 dpi=110)

@@ -6,19 +6,19 @@ not list it.
 
 import argparse
 import datetime
-import json
 import logging
 import os
 import time
 from collections import defaultdict
 
 import apache_beam as beam
-from apache_beam.io.filesystems import FileSystems
 from apache_beam.runners.runner import PipelineState
 
 import dp_beam as dpb
 from dp_beam import progress
 from dp_beam.accounting.display import fmt
+# The jobs read their outputs back the way ``dp-beam report`` does.
+from dp_beam.report import read_jsonl
 from pipelines.flights import PERIOD_START, period_end
 
 PROGRESS_SECONDS = 10.0
@@ -54,12 +54,6 @@ class LogProgress(beam.DoFn):
         yield element
 
 
-def join_path(directory, name):
-    # FileSystems.join keeps the scheme of gs:// and other remote folders.
-    return FileSystems.join(directory, name) if "://" in directory else os.path.join(
-        directory, name)
-
-
 def output_dir(path, create=True):
     """A remote folder as given, a local one absolute (and created unless ``create`` is False)."""
     if "://" in path:
@@ -68,13 +62,6 @@ def output_dir(path, create=True):
     if create:
         os.makedirs(path, exist_ok=True)
     return path
-
-
-def read_jsonl(path):
-    # FileSystems reads local and gs:// paths alike.
-    with FileSystems.open(path) as fh:
-        return [json.loads(line) for line in fh.read().decode("utf-8").splitlines()
-                if line.strip()]
 
 
 def ledger_epsilon(entries):

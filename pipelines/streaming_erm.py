@@ -102,9 +102,9 @@ from apache_beam.options.pipeline_options import PipelineOptions
 
 import dp_beam as dpb
 from dp_beam.mechanisms import erm as erm_mech
-from pipelines.jobs import (LogProgress, check_options, job_parser, join_path, output_dir,
-                           plan_only, print_dead_letters_and_budget, read_jsonl, release_period,
-                           run)
+from dp_beam.report import join as join_path, read_jsonl
+from pipelines.jobs import (LogProgress, check_options, job_parser, output_dir, plan_only,
+                           print_dead_letters_and_budget, release_period, run)
 from pipelines.flights import flights_csv_path, load_delay_flights
 
 STEP = timedelta(days=1)

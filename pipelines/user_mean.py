@@ -38,9 +38,10 @@ import apache_beam as beam
 from apache_beam.options.pipeline_options import PipelineOptions
 
 import dp_beam as dpb
+from dp_beam.report import join as join_path, read_jsonl
 from pipelines.continual_count import departure_time, read_flights, step_range, summarise
-from pipelines.jobs import (LogProgress, check_options, job_parser, join_path, output_dir,
-                            plan_only, read_jsonl, release_period, run)
+from pipelines.jobs import (LogProgress, check_options, job_parser, output_dir, plan_only,
+                            release_period, run)
 from pipelines.flights import PERIOD_START, flights_csv_path, load_flights, period_end
 
 STEP = timedelta(days=1)

@@ -5,6 +5,8 @@ from typing import Optional
 
 from dp_beam.accounting.relations import check_relation
 
+__all__ = ["Budget"]
+
 
 def _check_nonnegative(name, value, allow_none=True):
     if value is None and allow_none:

@@ -50,6 +50,9 @@ from dp_beam.accounting.relations import (ADD_REMOVE, REPLACE, VALUES, check_rel
                                           factor, why_unbounded)
 from dp_beam.records import RELATIONS, AccountingReport, LedgerEntry
 
+__all__ = ["budget_relation", "charges_by_transform", "check_budget", "compose", "group_size",
+           "per_transform", "relations_of", "totals_of", "unbounded_by_relation", "UNITS"]
+
 UNITS = ("event", "user")
 
 

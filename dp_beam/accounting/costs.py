@@ -19,6 +19,9 @@ accountants) rather than re-derived formulas:
 import math
 from typing import Iterable, Optional, Tuple
 
+__all__ = ["best_epsilon", "GAUSSIAN", "pld_epsilon", "scale", "zcdp_to_epsilon",
+           "zcdp_to_epsilon_classic"]
+
 GAUSSIAN = "gaussian"
 
 

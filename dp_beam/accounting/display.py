@@ -10,6 +10,8 @@ float noise rather than a property of the plan.
 
 import math
 
+__all__ = ["DIGITS", "fmt", "rounded"]
+
 #: Significant digits kept for display: far more than any ε is meaningful to,
 #: far fewer than the ~16 digits where float noise lives.
 DIGITS = 12

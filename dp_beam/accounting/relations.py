@@ -51,6 +51,9 @@ from typing import Optional, Tuple
 
 from dp_beam.records import RELATIONS
 
+__all__ = ["ADD_REMOVE", "check_relation", "convert", "factor", "REPLACE", "VALUES",
+           "why_unbounded"]
+
 ADD_REMOVE, REPLACE, VALUES = RELATIONS
 
 # factor[charge relation][total relation]: 1 as it is, 2 counted twice, None unbounded.

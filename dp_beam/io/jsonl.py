@@ -26,6 +26,8 @@ from apache_beam.io.filesystems import FileSystems
 
 from dp_beam.records import to_json
 
+__all__ = ["dumps", "WriteInvalid", "WriteJsonLines", "WriteLedger", "WriteReleases"]
+
 
 def dumps(record) -> str:
     return json.dumps(to_json(record), sort_keys=False, allow_nan=False)

@@ -6,6 +6,8 @@ unit-sensitivity Gaussian σ; ``lower_bound`` the factorisation lower bound
 ``‖A‖_*/T`` for the same T. tests/mechanisms/test_blt.py recomputes both.
 """
 
+__all__ = ["BLT_TABLE"]
+
 BLT_TABLE = {
     1024: {
         "theta": [0.9995783373614993, 0.9949676330665037, 0.9732701058602972, 0.8719303314732262, 0.4828848652765035],

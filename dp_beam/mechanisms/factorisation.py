@@ -27,9 +27,10 @@ import numpy as np
 from scipy import integrate, optimize
 
 from .calibration import CALIBRATIONS, gaussian_sigma, laplace_scale, rho_from_eps, rho_from_eps_delta
+from .checks import check_step_index
 from .noise import gaussian_halfwidth, laplace_sum_halfwidth, make_noise
 from .noise_key import grid_padded_scale, round_to_grid
-from .tree import BinaryTreeMechanism, _check_step_index, restore_parameters
+from .tree import BinaryTreeMechanism, restore_parameters
 
 __all__ = [
     "FactorisationMechanism",
@@ -351,7 +352,7 @@ class FactorisationMechanism:
     # -- validation (same messages as the tree) --------------------------------
 
     def _check_t(self, t):
-        t = _check_step_index(t)
+        t = check_step_index(t)
         if self._horizon is not None and t > self._horizon:
             raise ValueError(f"t must be <= horizon ({self._horizon}), got {t}")
         return t

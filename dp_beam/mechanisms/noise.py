@@ -30,6 +30,8 @@ import numbers
 import numpy as np
 from scipy import integrate, optimize, stats
 
+from .checks import check_scale, check_size
+
 __all__ = [
     "NoiseSource",
     "SecureNoise",
@@ -39,22 +41,6 @@ __all__ = [
     "laplace_sum_halfwidth",
     "gaussian_halfwidth",
 ]
-
-
-def _check_scale(name, value):
-    try:
-        value = float(value)
-    except (TypeError, ValueError):
-        raise ValueError(f"{name} must be a finite number >= 0, got {value!r}") from None
-    if not math.isfinite(value) or value < 0:
-        raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
-    return value
-
-
-def _check_size(size):
-    if isinstance(size, bool) or not isinstance(size, numbers.Integral) or size < 0:
-        raise ValueError(f"size must be an int >= 0, got {size!r}")
-    return int(size)
 
 
 class NoiseSource:
@@ -92,15 +78,15 @@ class NoiseSource:
         return [int(round(math.ldexp(float(v), -exponent))) for v in values]
 
     def laplace(self, scale, size):
-        scale = _check_scale("scale", scale)
-        size = _check_size(size)
+        scale = check_scale("scale", scale)
+        size = check_size(size)
         if scale == 0.0 or size == 0:
             return np.zeros(size, dtype=np.float64)
         return np.asarray(self._laplace(scale, size), dtype=np.float64).reshape(size)
 
     def gaussian(self, sigma, size):
-        sigma = _check_scale("sigma", sigma)
-        size = _check_size(size)
+        sigma = check_scale("sigma", sigma)
+        size = check_size(size)
         if sigma == 0.0 or size == 0:
             return np.zeros(size, dtype=np.float64)
         return np.asarray(self._gaussian(sigma, size), dtype=np.float64).reshape(size)
@@ -359,7 +345,7 @@ def gaussian_halfwidth(std, level=0.95):
     independent normals), so this is exact (spec withhold_release_and_composition.md §1.3).
     """
     level = _check_level(level)
-    std = _check_scale("std", std)
+    std = check_scale("std", std)
     return std * _normal_quantile(level)
 
 

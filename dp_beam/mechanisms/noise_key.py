@@ -58,7 +58,8 @@ from fractions import Fraction
 
 import numpy as np
 
-from .noise import NoiseSource, _check_scale, _check_size
+from .checks import check_scale, check_size
+from .noise import NoiseSource
 
 __all__ = [
     "NoiseKey",
@@ -539,7 +540,7 @@ def sample_discrete_gaussian(stream, sigma_squared):
 
 
 def _positive_float(name, value):
-    value = _check_scale(name, value)
+    value = check_scale(name, value)
     if value == 0.0:
         raise ValueError(f"{name} must be > 0, got {value!r}")
     return value
@@ -844,16 +845,16 @@ class KeyedNoise(NoiseSource):
         return BitStream(hasher)
 
     def laplace(self, scale, size):
-        scale = _check_scale("scale", scale)
-        size = _check_size(size)
+        scale = check_scale("scale", scale)
+        size = check_size(size)
         stream = self._next_stream()
         if scale == 0.0 or size == 0:
             return np.zeros(size, dtype=np.float64)
         return np.array([grid_laplace(stream, scale) for _ in range(size)], dtype=np.float64)
 
     def gaussian(self, sigma, size):
-        sigma = _check_scale("sigma", sigma)
-        size = _check_size(size)
+        sigma = check_scale("sigma", sigma)
+        size = check_size(size)
         stream = self._next_stream()
         if sigma == 0.0 or size == 0:
             return np.zeros(size, dtype=np.float64)
@@ -874,8 +875,8 @@ class KeyedNoise(NoiseSource):
         """
         if kind not in ("laplace", "gaussian"):
             raise ValueError(f"kind must be 'laplace' or 'gaussian', got {kind!r}")
-        scale = _check_scale("scale", scale)
-        size = _check_size(size)
+        scale = check_scale("scale", scale)
+        size = check_size(size)
         if isinstance(exponent, bool) or not isinstance(exponent, numbers.Integral):
             raise ValueError(f"exponent must be an int, got {exponent!r}")
         stream = self._next_stream()

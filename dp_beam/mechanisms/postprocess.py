@@ -14,6 +14,8 @@ or exact node values, so it costs no privacy and adds no ledger entry (R4).
 
 import numpy as np
 
+__all__ = ["hay_consistency", "isotonic_increasing", "MonotoneRelease"]
+
 
 def isotonic_increasing(values, weights=None) -> np.ndarray:
     """The non-decreasing sequence closest to ``values`` in (weighted) least squares.

@@ -11,22 +11,17 @@ import numbers
 import numpy as np
 
 from .calibration import CALIBRATIONS, gaussian_sigma, laplace_scale, rho_from_eps, rho_from_eps_delta
+from .checks import check_step_index
 from .noise import gaussian_halfwidth, laplace_sum_halfwidth, make_noise
 from .noise_key import grid_padded_scale, round_to_grid
 
-__all__ = ["BinaryTreeMechanism"]
+__all__ = ["BinaryTreeMechanism", "restore_parameters"]
 
 NOISE_KINDS = ("laplace", "gaussian")
 
 
 def _trailing_zeros(c):
     return (c & -c).bit_length() - 1
-
-
-def _check_step_index(t):
-    if isinstance(t, bool) or not isinstance(t, numbers.Integral) or t < 1:
-        raise ValueError(f"t must be an int >= 1, got {t!r}")
-    return int(t)
 
 
 def restore_parameters(cls, state, rng, fields):
@@ -292,7 +287,7 @@ class BinaryTreeMechanism:
         return delta
 
     def _check_t(self, t):
-        t = _check_step_index(t)
+        t = check_step_index(t)
         if self._horizon is not None and t > self._horizon:
             raise ValueError(f"t must be <= horizon ({self._horizon}), got {t}")
         return t

@@ -21,6 +21,9 @@ from dp_beam.accounting.compose import group_size, per_transform
 from dp_beam.accounting.costs import scale
 from dp_beam.transforms.release import PLAN_ATTRIBUTE
 
+__all__ = ["CombineAccounting", "plan", "plan_entries", "scale_entry", "Stability",
+           "UnboundedUserLevelWarning"]
+
 
 def _inputs(pcolls):
     if isinstance(pcolls, beam.PCollection):

@@ -15,24 +15,25 @@ unit; streams of different keys compose in parallel.
 import datetime
 import math
 import numbers
-from typing import Any, Tuple
 
 import apache_beam as beam
-from apache_beam.transforms.window import FixedWindows, GlobalWindows
-from apache_beam.utils.timestamp import Timestamp
+from apache_beam.transforms.window import GlobalWindows
 
 from dp_beam.mechanisms import ZeroNoise
 from dp_beam.mechanisms.postprocess import MonotoneRelease
 from dp_beam.mechanisms.registry import default_mechanism, get_mechanism
 from dp_beam.records import LedgerEntry, Release
-from dp_beam.transforms.events import (CAPPED, INVALID, TRANSIENT_ERRORS, UNBOUNDED_LATENESS,
+from dp_beam.transforms.events import (CAPPED, INVALID, TRANSIENT_ERRORS,
                                        BoundContributions, CountCapped, PrepareEvents,
                                        check_callable, check_transient_errors)
 from dp_beam.transforms.keys import UNITS, EventUnits
 from dp_beam.transforms.release import ReleaseSpec
-from dp_beam.transforms.stream_keys import KV, StreamKey
+from dp_beam.transforms.steps import EventStep, per_step
 from dp_beam.transforms.streams import (private_keys, raw_steps, release_streams, set_release_options,
                                         validation)
+
+__all__ = ["ContinualCount", "ContinualSum", "CounterReleaseSpec", "MAX_STEP_TOTAL", "round_total",
+           "TOTAL_GRID_BITS", "total_grid_exponent"]
 
 
 def _real(name, value) -> float:
@@ -72,145 +73,6 @@ class _SumCount(beam.CombineFn):
 
     def extract_output(self, acc):
         return acc
-
-
-@beam.typehints.with_output_types(Tuple[StreamKey, Any])
-class _KeyByStep(beam.DoFn):
-    """``(key, value)`` → ``((key, step), value)``: the step of the element's timestamp on the
-    epoch-aligned grid, as ``FixedWindows`` would assign it."""
-
-    def __init__(self, step_micros):
-        self._step_micros = step_micros
-
-    def process(self, element, timestamp=beam.DoFn.TimestampParam):
-        key, value = element
-        yield (key, timestamp.micros // self._step_micros), value
-
-
-@beam.typehints.with_output_types(Tuple[StreamKey, Tuple[int, Any]])
-class _EventStep(beam.DoFn):
-    """``(key, value)`` → ``(key, (step, value))``: one event and its step, for a release that
-    combines per (key, step) itself."""
-
-    def __init__(self, step_micros):
-        self._step_micros = step_micros
-
-    def process(self, element, timestamp=beam.DoFn.TimestampParam):
-        key, value = element
-        yield key, (timestamp.micros // self._step_micros, value)
-
-
-@beam.typehints.with_output_types(Tuple[StreamKey, Tuple[int, Any]])
-class _StepEnd(beam.DoFn):
-    """``((key, step), aggregate)`` → ``(key, (step, aggregate))`` stamped at the step's last
-    microsecond, where a windowed combine of the step would have put it."""
-
-    def __init__(self, step_micros):
-        self._step_micros = step_micros
-
-    def process(self, element):
-        (key, step), agg = element
-        yield beam.window.TimestampedValue(
-            (key, (step, agg)), Timestamp(micros=(step + 1) * self._step_micros - 1))
-
-
-class _Partial(beam.CombineFn):
-    """First stage of a fanned-out combine: ``fn`` whose output is its accumulator."""
-
-    def __init__(self, fn):
-        self._fn = fn
-
-    def create_accumulator(self):
-        return self._fn.create_accumulator()
-
-    def add_input(self, acc, value):
-        return self._fn.add_input(acc, value)
-
-    def merge_accumulators(self, accs):
-        return self._fn.merge_accumulators(accs)
-
-    def extract_output(self, acc):
-        return acc
-
-
-class _MergePartials(_Partial):
-    """Second stage of a fanned-out combine: merges the first stage's accumulators."""
-
-    def add_input(self, acc, partial):
-        return self._fn.merge_accumulators([acc, partial])
-
-    def extract_output(self, acc):
-        return self._fn.extract_output(acc)
-
-
-def _nonce(kv, fanout):
-    import random
-    return (kv[0], random.randrange(fanout)), kv[1]
-
-
-class _FanoutCombinePerKey(beam.PTransform):
-    """``CombinePerKey(fn)`` spread over ``fanout`` sub-keys per key, then merged per key.
-
-    Used instead of Beam's ``with_hot_key_fanout`` on windowed input: Beam
-    re-windows the hot path with ``WindowInto(windowing)``, which drops the
-    windowing's allowed lateness (Beam 2.77), so late events of a hot key
-    were silently lost. Both stages here keep the input's windowing.
-    """
-
-    def __init__(self, fn, fanout, label=None):
-        super().__init__(label)
-        self._fn = fn
-        self._fanout = fanout
-
-    def expand(self, pcoll):
-        return (pcoll
-                | "Spread" >> beam.Map(_nonce, self._fanout).with_output_types(KV)
-                | "PreCombine" >> beam.CombinePerKey(_Partial(self._fn))
-                | "Gather" >> beam.Map(lambda kv: (kv[0][0], kv[1])).with_output_types(KV)
-                | "PostCombine" >> beam.CombinePerKey(_MergePartials(self._fn)))
-
-
-def per_step(valid, combine_fn, step_seconds, step_micros, bounded, fanout=None):
-    """``(key, value)`` events → ``(key, (step, aggregate))`` in the global window.
-
-    Streaming: ``combine_fn`` per key in event-time fixed windows of one
-    step, with unbounded allowed lateness (Beam would drop the late events of
-    expired windows without a record; the release applies ``late`` and
-    ``allowed_lateness`` instead). Bounded input has no late data: the
-    combine is keyed by (key, step) in the global window, because the batch
-    runners' windowed grouping scans every window a key has seen for each
-    new one (measured: a plain hourly count of 100,000 events over a year of
-    steps ran at ~400 events/s). ``fanout``: hot-key fan-out of the combine.
-    """
-    if bounded:
-        combine = beam.CombinePerKey(combine_fn)
-        if fanout is not None:
-            combine = combine.with_hot_key_fanout(fanout)
-        return (valid
-                | "StepGlobal" >> beam.WindowInto(GlobalWindows())
-                | "StepKey" >> beam.ParDo(_KeyByStep(step_micros))
-                | "PerStep" >> combine
-                | "StepIndex" >> beam.ParDo(_StepEnd(step_micros)))
-    combine = (beam.CombinePerKey(combine_fn) if fanout is None
-               else _FanoutCombinePerKey(combine_fn, fanout))
-    return (valid
-            | "StepWindows" >> beam.WindowInto(
-                FixedWindows(step_seconds), allowed_lateness=UNBOUNDED_LATENESS)
-            | "PerStep" >> combine
-            | "StepIndex" >> beam.ParDo(_StepOf(step_micros))
-            | "Rewindow" >> beam.WindowInto(GlobalWindows()))
-
-
-@beam.typehints.with_output_types(Tuple[StreamKey, Tuple[int, Any]])
-class _StepOf(beam.DoFn):
-    """Attaches the epoch-aligned step index of the fixed window."""
-
-    def __init__(self, step_micros):
-        self._step_micros = step_micros
-
-    def process(self, element, window=beam.DoFn.WindowParam):
-        key, aggregate = element
-        yield key, (window.start.micros // self._step_micros, aggregate)
 
 
 #: A sum's step totals are rounded to multiples of 2^e, e = ⌊log2(per-event bound)⌋ − this.
@@ -413,7 +275,7 @@ class _ContinualTotal(beam.PTransform):
         if raw_steps(self, events) and self._fanout is None:
             # The sharded batch release groups per shard anyway: it combines
             # per (key, step) there, which saves the combine's own grouping.
-            aggregates = valid | "EventStep" >> beam.ParDo(_EventStep(self._step_micros))
+            aggregates = valid | "EventStep" >> beam.ParDo(EventStep(self._step_micros))
             combine_fn = _SumCount()
         else:
             aggregates = per_step(valid, _SumCount(), self._step, self._step_micros,

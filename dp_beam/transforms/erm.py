@@ -74,7 +74,6 @@ the production order inject tie-breakers or pass ``id_fn``.
 import datetime
 import hashlib
 import math
-import numbers
 
 import apache_beam as beam
 from apache_beam.metrics import Metrics
@@ -83,55 +82,16 @@ from dp_beam.mechanisms import ZeroNoise
 from dp_beam.mechanisms import erm as erm_mech
 from dp_beam.records import LedgerEntry
 from dp_beam.records_erm import ModelRecord
-from dp_beam.transforms.continual import per_step
+from dp_beam.transforms.event_ids import id_key
 from dp_beam.transforms.events import (INVALID, NAMESPACE, TRANSIENT_ERRORS, ValidatingDoFn,
                                        check_transient_errors)
 from dp_beam.transforms.release import ReleaseSpec, key_label
+from dp_beam.transforms.steps import per_step
 from dp_beam.transforms.stream_keys import KV
 from dp_beam.transforms.streams import (private_keys, release_streams, set_release_options,
                                         validation)
 
 NEIGHBOURS = "replace one event (the event count per stream is public: blocks are count-triggered)"
-
-
-#: Deepest nesting of tuples accepted in an event id.
-_MAX_ID_DEPTH = 8
-
-
-def _id_key(value, depth=0):
-    """``(key, None)``: an event id as a key that orders against every other valid id; or
-    ``(None, reason)``.
-
-    Accepted ids: ints, finite floats (compared as numbers), ``str``, ``bytes``
-    and (lists or) tuples of these; each kind gets a rank, so ids of different
-    kinds compare too and sorting never raises.
-    """
-    if value is None:
-        return None, "id_fn returned None"
-    if isinstance(value, numbers.Integral):
-        return (0, int(value)), None
-    if isinstance(value, numbers.Real):
-        try:
-            v = float(value)
-        except (OverflowError, ValueError, TypeError, ArithmeticError):
-            return None, f"id_fn returned a number out of the float range ({type(value).__name__})"
-        if not math.isfinite(v):
-            return None, f"id_fn returned a non-finite number {v!r}"
-        return (0, v), None
-    if isinstance(value, str):
-        return (1, str(value)), None
-    if isinstance(value, bytes):
-        return (2, bytes(value)), None
-    if isinstance(value, (tuple, list)) and depth < _MAX_ID_DEPTH:
-        parts = []
-        for part in value:
-            k, err = _id_key(part, depth + 1)
-            if err:
-                return None, err
-            parts.append(k)
-        return (3, tuple(parts)), None
-    return None, (f"id_fn returned {type(value).__name__}: an event id must be an int, a finite "
-                  "float, a str, bytes or a tuple of these")
 
 
 def _test_tiebreak(seed, ts, features, class_index):
@@ -151,8 +111,9 @@ class _PreparePoints(ValidatingDoFn):
     one of the declared classes (it is replaced by the declared instance).
     Feature vectors longer than ``feature_bound`` are scaled down to it
     (contribution bounding, spec §5.5) and counted in the ``clipped`` metric.
-    With ``id_fn`` the event's id must be valid for :func:`_id_key`; without
-    it the id part is ``()``. Nothing raises.
+    With ``id_fn`` the event's id must be valid for
+    :func:`~dp_beam.transforms.event_ids.id_key`; without it the id part is
+    ``()``. Nothing raises.
 
     The tie-breaker fixes the position of the point among the points of its
     step with the same event time (the release sorts by ``(ts, id,
@@ -185,7 +146,7 @@ class _PreparePoints(ValidatingDoFn):
         if self._id_fn is not None:
             raw_id, err = self._call("id_fn", self._id_fn, element)
             if not err:
-                event_id, err = _id_key(raw_id)
+                event_id, err = id_key(raw_id)
             if err:
                 yield self._reject(element, err, timestamp)
                 return

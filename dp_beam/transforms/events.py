@@ -50,6 +50,11 @@ from apache_beam.utils.timestamp import MAX_TIMESTAMP, MIN_TIMESTAMP, Duration, 
 from dp_beam.records import InvalidElement
 from dp_beam.transforms.stream_keys import KV, normalize_key
 
+__all__ = ["as_real", "BoundContributions", "CAPPED", "capped", "check_callable",
+           "check_transient_errors", "CountCapped", "event_seconds", "INVALID", "NAMESPACE",
+           "PLAUSIBLE_MAX_SECONDS", "PrepareEvents", "TRANSIENT_ERRORS", "UNBOUNDED_LATENESS",
+           "ValidatingDoFn"]
+
 INVALID = "invalid"
 #: Tag of the per-user stages' events beyond a cap, aggregated by :class:`CountCapped`.
 CAPPED = "capped"

@@ -50,11 +50,11 @@ from dp_beam.mechanisms.growing import (BBImprover, BBScheduler, BlackBox, PMWG,
 from dp_beam.records import LedgerEntry
 from dp_beam.records_growing import (HISTOGRAM, HistogramRelease, QueryAnswer, SyntheticRelease,
                                      answer_linear_query)
-from dp_beam.transforms.continual import _StepOf
-from dp_beam.transforms.erm import _id_key
+from dp_beam.transforms.event_ids import id_key
 from dp_beam.transforms.events import (INVALID, TRANSIENT_ERRORS, UNBOUNDED_LATENESS,
                                        ValidatingDoFn, check_callable, check_transient_errors)
 from dp_beam.transforms.release import ReleaseSpec
+from dp_beam.transforms.steps import StepOf
 from dp_beam.transforms.stream_keys import KV, StreamKey
 from dp_beam.transforms.streams import (private_keys, release_streams, set_release_options,
                                         validation)
@@ -121,7 +121,7 @@ class _PrepareQueries(ValidatingDoFn):
         if not err and self._id_fn is not None:
             qid, err = self._call("query_id_fn", self._id_fn, element)
             if not err:
-                order, err = _id_key(qid)
+                order, err = id_key(qid)
         if err:
             yield self._reject(element, err, timestamp)
             return
@@ -337,7 +337,7 @@ class _GrowingTransform(beam.PTransform):
                       | "StepWindows" >> beam.WindowInto(
                           FixedWindows(self._step), allowed_lateness=UNBOUNDED_LATENESS)
                       | "PerStep" >> beam.CombinePerKey(_StepInput())
-                      | "StepIndex" >> beam.ParDo(_StepOf(self._step_micros))
+                      | "StepIndex" >> beam.ParDo(StepOf(self._step_micros))
                       .with_output_types(Tuple[StreamKey, Tuple[int, Any]])
                       | "Rewindow" >> beam.WindowInto(GlobalWindows()))
         return release_streams(self, merged, aggregates, spec, entry, invalids)

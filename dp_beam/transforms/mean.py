@@ -79,15 +79,17 @@ from dp_beam.mechanisms.continual_mean import (ContinualMeanCore, MeanAggregate,
                                                UserState, contribution, user_hash)
 from dp_beam.records import LedgerEntry
 from dp_beam.records_mean import MeanRelease
-from dp_beam.transforms.continual import _StepEnd, _StepOf
 from dp_beam.transforms.events import (CAPPED, INVALID, NAMESPACE, TRANSIENT_ERRORS,
                                        UNBOUNDED_LATENESS, CountCapped, ValidatingDoFn, as_real,
                                        capped, check_transient_errors)
 from dp_beam.transforms.keys import UNITS
 from dp_beam.transforms.release import ReleaseSpec
+from dp_beam.transforms.steps import StepEnd, StepOf
 from dp_beam.transforms.stream_keys import KV
 from dp_beam.transforms.streams import (private_keys, release_streams, set_release_options,
                                         validation)
+
+__all__ = ["ContinualMean", "MeanReleaseSpec", "MECHANISM", "PackedSamples", "resolve_bounds"]
 
 MECHANISM = "withhold_release_mean"
 
@@ -857,7 +859,7 @@ class ContinualMean(beam.PTransform):
                         .with_outputs(CAPPED, UNITS, main="aggregates"))
             aggregates = (per_user.aggregates
                           | "PerStep" >> beam.CombinePerKey(_MergeAggregates())
-                          | "StepIndex" >> beam.ParDo(_StepEnd(self._step_micros)))
+                          | "StepIndex" >> beam.ParDo(StepEnd(self._step_micros)))
         else:
             per_user = users | "WithholdRelease" >> beam.ParDo(
                 _WithholdRelease(**stage)).with_outputs(CAPPED, UNITS, main="aggregates")
@@ -866,7 +868,7 @@ class ContinualMean(beam.PTransform):
                           | "StepWindows" >> beam.WindowInto(
                               FixedWindows(self._step), allowed_lateness=UNBOUNDED_LATENESS)
                           | "PerStep" >> beam.CombinePerKey(_MergeAggregates())
-                          | "StepIndex" >> beam.ParDo(_StepOf(self._step_micros))
+                          | "StepIndex" >> beam.ParDo(StepOf(self._step_micros))
                           | "Rewindow" >> beam.WindowInto(GlobalWindows()))
         invalids.append(per_user[CAPPED] | "CountCapped" >> CountCapped(label, self._step))
         entry = self.plan_entry(label)

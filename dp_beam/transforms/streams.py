@@ -22,7 +22,8 @@ from dp_beam.transforms.schedule import (DeclaredKeys, StreamStart, resolve_keys
                                          resolve_schedule)
 from dp_beam.transforms.shards import default_shards
 
-__all__ = ["seconds", "set_release_options", "validation", "raw_steps", "release_streams"]
+__all__ = ["seconds", "check_horizon", "set_release_options", "private_keys", "validation", "raw_steps",
+           "release_streams"]
 
 
 def seconds(name, value, allow_zero=False) -> float:

@@ -307,3 +307,101 @@ def test_events_over_a_users_cap_are_one_record_per_user_and_step_in_streaming()
     assert len(invalid) == 3
     used = max(r.value for r in out["releases"])
     assert used == 5.0 and used + sum(i.count for i in invalid) == 37
+
+
+# --------------------------------------------------------------------------- the validating DoFn
+
+def _prepare(**kw):
+    from dp_beam.transforms.events import PrepareEvents
+    from dp_beam.transforms.schedule import resolve_schedule
+
+    args = dict(value_fn=lambda e: e["v"], lower=0.0, upper=5.0, key_fn=lambda e: e["k"],
+                user_fn=lambda e: e.get("u"), timestamp_fn=lambda e: e["ts"],
+                schedule=resolve_schedule(10.0, 0, 100), keys=["a", "b"])
+    args.update(kw)
+    return PrepareEvents("t", **args)
+
+
+def _outputs(fn, element, timestamp=7):
+    from apache_beam import pvalue
+    from apache_beam.utils.timestamp import Timestamp
+
+    return [("invalid", o.value) if isinstance(o, pvalue.TaggedOutput) else ("ok", o)
+            for o in fn.process(element, Timestamp.of(timestamp))]
+
+
+def test_prepare_events_outputs_user_key_and_clamped_value_at_the_event_time():
+    (kind, out), = _outputs(_prepare(), {"ts": 5, "k": "a", "u": 1, "v": 9})
+    assert kind == "ok"
+    assert out.value == (1, ("a", 5.0))  # 9 clamped to the upper bound 5
+    assert out.timestamp.micros == 5_000_000
+    (kind, out), = _outputs(_prepare(user_fn=None, value_fn=None, lower=None, upper=None),
+                            {"ts": 12.5, "k": "b"})
+    assert out.value == ("b", 1.0) and out.timestamp.micros == 12_500_000
+
+
+@pytest.mark.parametrize("element, reason", [
+    ({"k": "a"}, "timestamp_fn raised KeyError: 'ts'"),
+    ({"ts": float("nan"), "k": "a"}, "event time value is NaN"),
+    ({"ts": -5, "k": "a"}, "event time before start (step -1 < start step 0 at 0 s)"),
+    ({"ts": 150, "k": "a"}, "event time at or after end (step 15 >= end step 10 at 100 s)"),
+    ({"ts": 5, "k": None}, "key_fn returned None"),
+    ({"ts": 5, "k": "z"}, "undeclared key 'z' (not in keys)"),
+    ({"ts": 5, "k": "a", "u": None}, "user_fn returned None"),
+    ({"ts": 5, "k": "a", "u": [1]}, "user_fn returned an unhashable list"),
+    ({"ts": 5, "k": "a", "u": 1}, "value_fn raised KeyError: 'v'"),
+    ({"ts": 5, "k": "a", "u": 1, "v": "abc"}, "not a real number: str"),
+    ({"ts": 5, "k": "a", "u": 1, "v": float("inf")}, "value is infinite"),
+])
+def test_prepare_events_rejects_bad_elements_with_the_first_reason(element, reason):
+    (kind, dead), = _outputs(_prepare(), element)
+    assert kind == "invalid"
+    assert isinstance(dead, InvalidElement)
+    assert (dead.transform, dead.reason, dead.element, dead.count) == ("t", reason, element, 1)
+
+
+def test_the_dead_letter_id_depends_on_the_beam_timestamp():
+    element = {"ts": 5, "k": "z"}
+    (_, a), = _outputs(_prepare(), element, timestamp=7)
+    (_, b), = _outputs(_prepare(), element, timestamp=7)
+    (_, c), = _outputs(_prepare(), element, timestamp=8)
+    assert a.id == b.id and a.id != c.id
+
+
+def test_prepare_events_reraises_transient_errors_unless_told_otherwise():
+    element = {"ts": 5, "k": "a", "u": 1, "v": 1}
+
+    def down(e):
+        raise ConnectionError("lookup service unavailable")
+
+    for fn_name in ("key_fn", "user_fn", "value_fn", "timestamp_fn"):
+        with pytest.raises(ConnectionError, match="lookup service unavailable"):
+            _outputs(_prepare(**{fn_name: down}), element)
+    (kind, dead), = _outputs(_prepare(value_fn=down, transient_errors=()), element)
+    assert kind == "invalid"
+    assert dead.reason == "value_fn raised ConnectionError: lookup service unavailable"
+    # Only the listed types are re-raised: an OSError is data under this policy.
+    (kind, dead), = _outputs(_prepare(value_fn=down, transient_errors=(TimeoutError,)), element)
+    assert kind == "invalid" and dead.reason.startswith("value_fn raised ConnectionError")
+
+
+def test_check_callable():
+    from dp_beam.transforms.events import check_callable
+
+    assert check_callable("key_fn", len) is len
+    assert check_callable("key_fn", None) is None
+    with pytest.raises(ValueError, match=r"^key_fn must be callable, got None$"):
+        check_callable("key_fn", None, required=True)
+    with pytest.raises(ValueError, match=r"^value_fn must be callable, got 'v'$"):
+        check_callable("value_fn", "v")
+
+
+def test_check_transient_errors():
+    from dp_beam.transforms.events import check_transient_errors
+
+    assert check_transient_errors(OSError) == (OSError,)
+    assert check_transient_errors([TimeoutError, MemoryError]) == (TimeoutError, MemoryError)
+    assert check_transient_errors(()) == ()
+    for bad in ("OSError", (OSError, "x"), (int,), OSError("x")):
+        with pytest.raises(ValueError, match="transient_errors must be a tuple of exception"):
+            check_transient_errors(bad)
