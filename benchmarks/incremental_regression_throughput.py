@@ -31,7 +31,6 @@ them alike, and the median per case is kept.
 
 import argparse
 import os
-import statistics
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -42,7 +41,7 @@ from apache_beam.transforms.window import GlobalWindows  # noqa: E402
 
 import dp_beam as dpb  # noqa: E402
 from benchmarks.incremental_regression import DELTA, RADIUS, features, label  # noqa: E402
-from benchmarks.throughput import run_once  # noqa: E402
+from benchmarks.throughput import interleaved_rates  # noqa: E402
 from dp_beam.mechanisms.regression import L2Ball, solve_quadratic  # noqa: E402
 from dp_beam.transforms.schedule import resolve_schedule  # noqa: E402
 from pipelines.flights import PERIOD_START, load_delay_flights, period_end  # noqa: E402
@@ -151,16 +150,7 @@ def main(argv=None):
     cases = {name: CASES[name] for name in (args.cases or CASES)}
     print(f"{len(events):,} flights, d = {DIM}, {steps[1] - steps[0]:,} hourly steps, "
           f"runner {args.runner}, median of {args.repeats} interleaved rounds")
-    times = {name: [] for name in cases}
-    for i in range(args.repeats):
-        for name, case in cases.items():
-            elapsed, outputs = run_once(lambda stamped: case(stamped, steps), events, args.runner)
-            times[name].append(elapsed)
-            print(f"  {name:>22} run {i + 1}: {elapsed:7.2f} s, {outputs:,} outputs", flush=True)
-    rates = {name: len(events) / statistics.median(t) for name, t in times.items()}
-    print()
-    for name, rate in rates.items():
-        print(f"{name:>30}: {rate:10,.0f} events/s")
+    rates = interleaved_rates(cases, steps, events, args.runner, args.repeats, width=22)
     if "IncrementalRegression" in rates and "non-private" in rates:
         ratio = rates["IncrementalRegression"] / rates["non-private"]
         print(f"{'IncrementalRegression / non-private':>30}: {ratio:10.2f}")

@@ -36,7 +36,6 @@ declared, never the span of the events, whatever ``--events`` keeps.
 
 import argparse
 import os
-import statistics
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -44,7 +43,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import apache_beam as beam  # noqa: E402
 
 import dp_beam as dpb  # noqa: E402
-from benchmarks.throughput import run_once  # noqa: E402
+from benchmarks.throughput import interleaved_rates  # noqa: E402
 from dp_beam.transforms.schedule import resolve_schedule  # noqa: E402
 from pipelines.flights import PERIOD_START, load_flights, period_end  # noqa: E402
 
@@ -138,17 +137,7 @@ def main(argv=None):
           f"PipelineDP bounds: {args.pipelinedp_bounds}")
     # Rounds of one run per case, so that a change in the machine's load over
     # the benchmark touches every case alike.
-    times = {name: [] for name in cases}
-    for i in range(args.repeats):
-        for name, case in cases.items():
-            elapsed, outputs = run_once(lambda stamped: case(stamped, days), events,
-                                        args.runner)
-            times[name].append(elapsed)
-            print(f"  {name:>14} run {i + 1}: {elapsed:7.2f} s, {outputs:,} outputs", flush=True)
-    rates = {name: len(events) / statistics.median(t) for name, t in times.items()}
-    print()
-    for name, rate in rates.items():
-        print(f"{name:>26}: {rate:10,.0f} events/s")
+    rates = interleaved_rates(cases, days, events, args.runner, args.repeats, width=14)
     for other in ("non-private", "PipelineDP"):
         if "ContinualMean" in rates and other in rates:
             print(f"{'ContinualMean / ' + other:>26}: {rates['ContinualMean'] / rates[other]:10.2f}")

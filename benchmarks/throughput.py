@@ -115,6 +115,25 @@ def run_once(build, events, runner):
     return elapsed, outputs
 
 
+def interleaved_rates(cases, steps, events, runner, repeats, width=22):
+    """Events/s per case: median of ``repeats`` rounds, each round running every case once
+    (interleaved, so a drift in the machine's load touches every case alike).
+
+    ``cases`` maps a name to ``build(stamped, steps)``; each run's time is printed.
+    """
+    times = {name: [] for name in cases}
+    for i in range(repeats):
+        for name, case in cases.items():
+            elapsed, outputs = run_once(lambda stamped: case(stamped, steps), events, runner)
+            times[name].append(elapsed)
+            print(f"  {name:>{width}} run {i + 1}: {elapsed:7.2f} s, {outputs:,} outputs", flush=True)
+    rates = {name: len(events) / statistics.median(t) for name, t in times.items()}
+    print()
+    for name, rate in rates.items():
+        print(f"{name:>{width + 8}}: {rate:10,.0f} events/s")
+    return rates
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--events", type=int, default=None,
