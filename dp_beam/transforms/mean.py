@@ -600,6 +600,14 @@ class MeanReleaseSpec(ReleaseSpec):
         core = ContinualMeanCore.from_state(self._params, state, self._lower, self._upper, rng)
         return _MedianStoreInLog(core, log, stored)
 
+    def reseed(self, mechanism, rng, log=None):
+        # In place when the core can swap its trees' sources (the same releases as the
+        # round trip through the state, tested in tests/mechanisms/test_continual_mean.py).
+        if log is None and isinstance(mechanism, ContinualMeanCore) and mechanism.can_swap_source():
+            mechanism.set_noise_source(rng)
+            return mechanism
+        return super().reseed(mechanism, rng, **({} if log is None else {"log": log}))
+
     def release(self, mechanism, key, step, aggregate):
         out = mechanism.step(aggregate)
         yield MeanRelease(

@@ -889,3 +889,37 @@ def test_keyed_noise_runs_the_median_prior_and_replays_bit_for_bit():
     assert any(len(v) for v in cm.core.prior.values())     # a prior was drawn
     assert first == run(bytes(32))[0]
     assert first != run(bytes(range(32)))[0]
+
+
+@pytest.mark.parametrize("preset,noise", [("tuned", "laplace"), ("tuned", "gaussian"),
+                                          ("paper", "laplace")])
+def test_noise_source_swap_in_place_equals_state_round_trip(preset, noise):
+    """The release DoFn gives every step its own keyed source by ``set_noise_source`` (no
+    state round trip): the outputs must be those of ``from_state(to_state(), source)``."""
+    from dp_beam.mechanisms.noise_key import KeyedNoise, NoiseKey
+
+    key = NoiseKey.from_bytes(bytes(range(32)))
+    rng = np.random.default_rng(12)
+    _, steps = _round_robin_steps(60, 8, rng)
+    delta = 1e-6 if noise == "gaussian" else None
+    driver = ContinualMean(0, 1, 8, 2.0, max_users=100, rng=ZeroNoise(), preset=preset,
+                           noise=noise, delta=delta)
+    params = driver.params
+    aggregates = []
+    for batch in steps:
+        agg = None
+        for u, x in batch:
+            state = driver.users.setdefault(u, UserState())
+            c = contribution(params, state, driver.rescale(x), step=len(aggregates) + 1)
+            agg = c if agg is None else agg.merge(c)
+        aggregates.append(agg if agg is not None else MeanAggregate())
+    swapped = ContinualMeanCore(params, horizon=len(steps), rng=KeyedNoise(key, ("open",)))
+    restored = ContinualMeanCore(params, horizon=len(steps), rng=KeyedNoise(key, ("open",)))
+    assert swapped.can_swap_source()
+    for t, agg in enumerate(aggregates):
+        swapped.set_noise_source(KeyedNoise(key, ("step", t)))
+        restored = ContinualMeanCore.from_state(params, restored.to_state(), rng=KeyedNoise(key, ("step", t)))
+        a, b = swapped.step(agg), restored.step(agg)
+        assert np.array_equal(np.atleast_1d(a.estimate), np.atleast_1d(b.estimate))
+        assert (a.noise_std, a.diverse, a.t) == (b.noise_std, b.diverse, b.t)
+    assert swapped.to_state() == restored.to_state()

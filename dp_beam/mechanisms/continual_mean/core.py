@@ -83,6 +83,21 @@ class ContinualMeanCore:
         self.prefix_inv = 0.0
         self.query = None                    # (estimate in [0,1]^d, public bound, step)
 
+    def can_swap_source(self):
+        """True when :meth:`set_noise_source` can swap every tree's source in place."""
+        trees = list(self.trees.values()) + ([self.count_tree] if self.count_tree is not None else [])
+        return all(hasattr(tree, "set_noise_source") for tree in trees)
+
+    def set_noise_source(self, rng):
+        """Draw all later noise from ``rng``: the state is unchanged, so this equals
+        ``from_state(params, to_state(), ..., rng)`` without the round trip, which a release
+        DoFn would otherwise pay at every step to give the step its own keyed source."""
+        self.source = make_noise(rng)
+        for tree in self.trees.values():
+            tree.set_noise_source(self.source)
+        if self.count_tree is not None:
+            self.count_tree.set_noise_source(self.source)
+
     def _tree(self, key, sensitivity, dim):
         p = self.p
         kw = dict(epsilon=p.tree_epsilon(key), sensitivity=sensitivity, horizon=self.horizon, dim=dim,
