@@ -48,23 +48,45 @@ def _vector(theta) -> np.ndarray:
 
 
 @dataclass(frozen=True)
-class L2Ball:
-    """``C = {θ : ‖θ‖₂ <= radius}`` (ridge-type constraint).
-
-    ``‖C‖ = radius``; Gaussian width ``radius·E‖g‖ = radius·√2·Γ((d+1)/2)/Γ(d/2) ≈ radius·√d``.
-    """
+class _Ball:
+    """A norm ball of a public radius: what the L2 and L1 balls share (validation, ‖C‖,
+    membership, serialisation). Subclasses set ``kind`` and the norm's ``project``,
+    ``minkowski`` and ``gaussian_width``."""
 
     radius: float = 1.0
 
-    kind = "l2_ball"
+    kind = ""
 
     def __post_init__(self):
         object.__setattr__(self, "radius", _radius(self.radius))
 
     @property
     def max_norm(self) -> float:
-        """``‖C‖ = max_{θ∈C} ‖θ‖₂`` (002 Def. 2, "diameter")."""
+        """``‖C‖ = max_{θ∈C} ‖θ‖₂`` (002 Def. 2, "diameter"): the radius, for both balls
+        (the L1 ball's vertices ±radius·e_i have the largest L2 norm)."""
         return self.radius
+
+    def minkowski(self, theta) -> float:
+        raise NotImplementedError
+
+    def contains(self, theta, tol: float = 1e-9) -> bool:
+        return self.minkowski(theta) <= 1.0 + tol
+
+    def to_dict(self) -> dict:
+        return {"kind": self.kind, "radius": self.radius}
+
+    def __str__(self):
+        return f"{self.kind}({self.radius:g})"
+
+
+@dataclass(frozen=True)
+class L2Ball(_Ball):
+    """``C = {θ : ‖θ‖₂ <= radius}`` (ridge-type constraint).
+
+    ``‖C‖ = radius``; Gaussian width ``radius·E‖g‖ = radius·√2·Γ((d+1)/2)/Γ(d/2) ≈ radius·√d``.
+    """
+
+    kind = "l2_ball"
 
     def project(self, theta) -> np.ndarray:
         """Euclidean projection Π_C(θ): θ scaled down to the radius."""
@@ -78,38 +100,20 @@ class L2Ball:
         """``‖θ‖_C = inf{r > 0 : θ ∈ rC} = ‖θ‖₂/radius`` (002 Def. 6)."""
         return float(np.linalg.norm(_vector(theta))) / self.radius
 
-    def contains(self, theta, tol: float = 1e-9) -> bool:
-        return self.minkowski(theta) <= 1.0 + tol
-
     def gaussian_width(self, dim: int) -> float:
         """``w(C) = E sup_{θ∈C} ⟨θ, g⟩ = radius·E‖g‖₂`` for g ~ N(0, I_dim) (002 Def. 3)."""
         return self.radius * math.sqrt(2.0) * math.exp(special.gammaln((dim + 1) / 2) - special.gammaln(dim / 2))
 
-    def to_dict(self) -> dict:
-        return {"kind": self.kind, "radius": self.radius}
-
-    def __str__(self):
-        return f"l2_ball({self.radius:g})"
-
 
 @dataclass(frozen=True)
-class L1Ball:
+class L1Ball(_Ball):
     """``C = {θ : ‖θ‖₁ <= radius}`` (Lasso-type constraint, low Gaussian width).
 
     ``‖C‖ = radius`` (the vertices ±radius·e_i have the largest L2 norm);
     Gaussian width ``radius·E max_i |g_i| ≈ radius·√(2 ln(2d))``.
     """
 
-    radius: float = 1.0
-
     kind = "l1_ball"
-
-    def __post_init__(self):
-        object.__setattr__(self, "radius", _radius(self.radius))
-
-    @property
-    def max_norm(self) -> float:
-        return self.radius
 
     def project(self, theta) -> np.ndarray:
         """Euclidean projection onto the L1 ball (Duchi, Shalev-Shwartz, Singer, Chandra 2008).
@@ -133,21 +137,12 @@ class L1Ball:
         """``‖θ‖_C = ‖θ‖₁/radius`` (002 Def. 6)."""
         return float(np.abs(_vector(theta)).sum()) / self.radius
 
-    def contains(self, theta, tol: float = 1e-9) -> bool:
-        return self.minkowski(theta) <= 1.0 + tol
-
     def gaussian_width(self, dim: int) -> float:
         """``w(C) = radius·E max_i |g_i|``, by numerical integration of ``P(max|g_i| > x)``."""
         def tail(x):
             return 1.0 - special.erf(x / math.sqrt(2.0)) ** dim
         value, _ = integrate.quad(tail, 0.0, np.inf, limit=200)
         return self.radius * value
-
-    def to_dict(self) -> dict:
-        return {"kind": self.kind, "radius": self.radius}
-
-    def __str__(self):
-        return f"l1_ball({self.radius:g})"
 
 
 Constraint = Union[L2Ball, L1Ball]
