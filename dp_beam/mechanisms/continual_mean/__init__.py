@@ -138,11 +138,11 @@ from .stream import ContinualMean
 from .aggregate import _rebuild_aggregate, contribution  # noqa: F401
 from .baselines import _Baseline, _counter, _PriorMean, _resolve_noise  # noqa: F401
 from .median import _bucket, _contiguous_arrays, _hashed_arrays  # noqa: F401
-from .params import _pos_int, _pos_real, h  # noqa: F401
+from .params import h, positive_int as _pos_int, positive_real as _pos_real  # noqa: F401
 from .plan import (CENTRE_OFFSET, CLIP_TAIL, LAPLACE_TREES, PLAN_HORIZON,  # noqa: F401
                    PLAN_USER_FRACTIONS, PRIOR_CONFIDENCE, PRIOR_RATIOS, QUERY_SHARE,
                    _clip_term, _unit_noise_std, prior_error_bound)
-from .stream import _rescale_setup  # noqa: F401
+from .stream import rescale_setup as _rescale_setup  # noqa: F401
 
 __all__ = [
     "NEIGHBOURS",

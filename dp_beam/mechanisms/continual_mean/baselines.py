@@ -16,9 +16,9 @@ from ..calibration import eps_from_rho_delta, rho_from_eps, rho_from_eps_delta
 from ..noise import make_noise
 from ..registry import default_mechanism, get_mechanism
 from ..tree import BinaryTreeMechanism
-from .params import NEIGHBOURS, _pos_int, _pos_real
+from .params import NEIGHBOURS, positive_int, positive_real
 from .schedule import UserState, element_size, withhold_release
-from .stream import _rescale_setup
+from .stream import rescale_setup
 
 __all__ = [
     "NaiveMean",
@@ -32,9 +32,9 @@ __all__ = [
 
 class _Baseline:
     def __init__(self, max_users, max_samples_per_user, epsilon, rng):
-        self.n = _pos_int("max_users", max_users)
-        self.m = _pos_int("max_samples_per_user", max_samples_per_user)
-        self.epsilon = _pos_real("epsilon", epsilon)
+        self.n = positive_int("max_users", max_users)
+        self.m = positive_int("max_samples_per_user", max_samples_per_user)
+        self.epsilon = positive_real("epsilon", epsilon)
         self.L = self.m.bit_length() - 1
         self.source = make_noise(rng)
         self.users = {}
@@ -148,7 +148,7 @@ def _resolve_noise(noise, delta, horizon, mechanism):
     if noise not in ("laplace", "gaussian"):
         raise ValueError(f"noise must be 'laplace', 'gaussian' or None, got {noise!r}")
     if noise == "gaussian":
-        delta = _pos_real("delta", delta, upper=1.0)
+        delta = positive_real("delta", delta, upper=1.0)
     elif delta not in (None, 0, 0.0):
         raise ValueError(f"delta must be None for Laplace noise (pure epsilon-DP), got {delta!r}")
     else:
@@ -190,9 +190,9 @@ class StepNaiveMean:
 
     def __init__(self, lower, upper, max_samples_per_user, epsilon, *, neighbours="participation",
                  noise=None, delta=None, horizon=None, mechanism=None, rng=None):
-        self.lower, self.upper = _rescale_setup(lower, upper, 1)
-        self.m = _pos_int("max_samples_per_user", max_samples_per_user)
-        self.epsilon = _pos_real("epsilon", epsilon)
+        self.lower, self.upper = rescale_setup(lower, upper, 1)
+        self.m = positive_int("max_samples_per_user", max_samples_per_user)
+        self.epsilon = positive_real("epsilon", epsilon)
         if neighbours not in NEIGHBOURS:
             raise ValueError(f"neighbours must be one of {NEIGHBOURS}, got {neighbours!r}")
         self.neighbours = neighbours
@@ -261,11 +261,11 @@ def prior_truncation(max_users, max_samples_per_user, beta=0.1, tau=None):
     >>> E, round(tau, 6), round(D[4], 4)
     (5, 0.627782, 12.1248)
     """
-    n = _pos_int("max_users", max_users)
-    m = _pos_int("max_samples_per_user", max_samples_per_user)
+    n = positive_int("max_users", max_users)
+    m = positive_int("max_samples_per_user", max_samples_per_user)
     L = m.bit_length() - 1
     E = L + 1
-    lg = math.log(6 * n * E / _pos_real("beta", beta, upper=1.0))
+    lg = math.log(6 * n * E / positive_real("beta", beta, upper=1.0))
     tau = math.sqrt(lg / (2 * m)) if tau is None else float(tau)
     Delta = {lv: math.sqrt(element_size(lv) * lg / 2) + element_size(lv) * tau for lv in range(1, L + 1)}
     width = {0: 1.0, **{lv: 2 * d for lv, d in Delta.items()}}
@@ -297,9 +297,9 @@ class StepPriorMean:
         if trees not in ("single", "multi"):
             raise ValueError(f"trees must be 'single' or 'multi', got {trees!r}")
         self.trees_kind = trees
-        self.lower, self.upper = _rescale_setup(lower, upper, 1)
-        self.m = _pos_int("max_samples_per_user", max_samples_per_user)
-        self.epsilon = _pos_real("epsilon", epsilon)
+        self.lower, self.upper = rescale_setup(lower, upper, 1)
+        self.m = positive_int("max_samples_per_user", max_samples_per_user)
+        self.epsilon = positive_real("epsilon", epsilon)
         self.L = self.m.bit_length() - 1
         R = float(self.upper[0] - self.lower[0])
         self.prior = min(max((float(prior) - self.lower[0]) / R, 0.0), 1.0)

@@ -35,13 +35,13 @@ def h(n):
     return int(n).bit_length()
 
 
-def _pos_int(name, value):
+def positive_int(name, value):
     if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
         raise ValueError(f"{name} must be an int >= 1, got {value!r}")
     return int(value)
 
 
-def _pos_real(name, value, upper=None):
+def positive_real(name, value, upper=None):
     if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
         raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
     value = float(value)
@@ -243,11 +243,11 @@ class MeanParams(TunedPlan):
         if preset not in PRESETS:
             raise ValueError(f"preset must be one of {PRESETS}, got {preset!r}")
         self.preset = preset
-        self.n = _pos_int("max_users", max_users)
-        self.m = _pos_int("max_samples_per_user", max_samples_per_user)
-        self.epsilon = _pos_real("epsilon", epsilon)
-        self.beta = _pos_real("beta", beta, upper=1.0)
-        self.dim = _pos_int("dim", dim)
+        self.n = positive_int("max_users", max_users)
+        self.m = positive_int("max_samples_per_user", max_samples_per_user)
+        self.epsilon = positive_real("epsilon", epsilon)
+        self.beta = positive_real("beta", beta, upper=1.0)
+        self.dim = positive_int("dim", dim)
         if neighbours not in NEIGHBOURS:
             raise ValueError(f"neighbours must be one of {NEIGHBOURS}, got {neighbours!r}")
         self.neighbours = neighbours
@@ -257,19 +257,19 @@ class MeanParams(TunedPlan):
             raise ValueError(f"noise must be 'laplace', 'gaussian' or None, got {noise!r}")
         self.noise = noise
         if noise == "gaussian":
-            self.delta = _pos_real("delta", delta, upper=1.0)
+            self.delta = positive_real("delta", delta, upper=1.0)
         elif delta not in (None, 0, 0.0):
             raise ValueError(f"delta must be None for Laplace noise (pure epsilon-DP), got {delta!r}")
         else:
             self.delta = None
         if horizon is not None:
-            horizon = _pos_int("horizon", horizon)
+            horizon = positive_int("horizon", horizon)
         self.horizon = horizon
         if prior_ratio is not None:
             if preset != "tuned":
                 raise ValueError("prior_ratio applies to preset='tuned' only")
             if not (isinstance(prior_ratio, numbers.Real) and prior_ratio == math.inf):
-                prior_ratio = _pos_real("prior_ratio", prior_ratio)    # math.inf: no prior
+                prior_ratio = positive_real("prior_ratio", prior_ratio)    # math.inf: no prior
         self.prior_ratio = prior_ratio
         if prior_query is not None:
             if preset != "tuned":
@@ -298,7 +298,7 @@ class MeanParams(TunedPlan):
         if median_budget not in ("per_L", "per_L_minus_1"):
             raise ValueError(f"median_budget must be 'per_L', 'per_L_minus_1' or None, got {median_budget!r}")
         self.median_budget = median_budget
-        self.tree_levels = h(self.n) if tree_levels is None else _pos_int("tree_levels", tree_levels)
+        self.tree_levels = h(self.n) if tree_levels is None else positive_int("tree_levels", tree_levels)
         self.L = self.m.bit_length() - 1                            # §6 A4
         self.levels = list(range(self.L + 1))
         self.participation = neighbours == "participation"

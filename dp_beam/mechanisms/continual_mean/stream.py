@@ -18,7 +18,7 @@ __all__ = [
 ]
 
 
-def _rescale_setup(lower, upper, dim):
+def rescale_setup(lower, upper, dim):
     lo = np.broadcast_to(np.asarray(lower, dtype=np.float64), (dim,)).copy()
     hi = np.broadcast_to(np.asarray(upper, dtype=np.float64), (dim,)).copy()
     if not (np.all(np.isfinite(lo)) and np.all(np.isfinite(hi))):
@@ -70,7 +70,7 @@ class ContinualMean:
                                  median_budget=median_budget, mechanism=mechanism,
                                  horizon=horizon, preset=preset, prior_ratio=prior_ratio,
                                  prior_query=prior_query, user_spread=user_spread)
-        self.lower, self.upper = _rescale_setup(lower, upper, self.params.dim)
+        self.lower, self.upper = rescale_setup(lower, upper, self.params.dim)
         self.core = ContinualMeanCore(self.params, self.lower, self.upper, horizon, rng)
         self.users = {}
         self.ignored = 0

@@ -39,7 +39,7 @@ from scipy import optimize  # noqa: F401
 from ..l2_laplace import l2_laplace_noise
 from .continual import ContinualERM
 from .log import BlockLog, MemoryBlockLog
-from .loss import LogisticLoss, _sigmoid  # noqa: F401
+from .loss import LogisticLoss, sigmoid as _sigmoid  # noqa: F401
 from .multi_resolution import MultiResolutionERM
 from .perturbation import (
     NOISE_KINDS,
@@ -49,7 +49,8 @@ from .perturbation import (
     alg5_base_noise_scale,
     alg5_finetune_noise_scale,
 )
-from .record import ModelRelease, _model_from, _model_to, predict, predict_proba  # noqa: F401
+from .record import ModelRelease, predict, predict_proba  # noqa: F401
+from .record import model_from_state as _model_from, model_to_state as _model_to  # noqa: F401
 from .sliding_window import (  # noqa: F401
     WINDOW_POLICIES,
     SlidingWindowERM,
@@ -58,8 +59,8 @@ from .sliding_window import (  # noqa: F401
     sliding_buckets,
 )
 from .solver import _descent_steps, solve_erm  # noqa: F401
-from .stream import _ERMStream, _merge  # noqa: F401
-from .validation import _int, _is_pow2, _real  # noqa: F401
+from .stream import ERMStream as _ERMStream, _merge  # noqa: F401
+from .validation import check_int as _int, check_real as _real, is_pow2 as _is_pow2  # noqa: F401
 
 __all__ = [
     "NOISE_KINDS",

@@ -6,14 +6,14 @@ models from scratch at t = 2^k·B and PBERM updates toward them in between,
 one release per block.
 """
 
-from .record import _model_from, _model_to
-from .stream import _ERMStream
-from .validation import _int, _is_pow2
+from .record import model_from_state, model_to_state
+from .stream import ERMStream
+from .validation import check_int, is_pow2
 
 __all__ = ["ContinualERM"]
 
 
-class ContinualERM(_ERMStream):
+class ContinualERM(ERMStream):
     """Private continual cumulative release: Algorithm 4 with Alg. 2 base models (spec §1.5).
 
     ``block_size`` is b0, ``base_size`` is B (a multiple of b0, §5.7). The
@@ -71,7 +71,7 @@ class ContinualERM(_ERMStream):
         super().__init__(epsilon=epsilon, block_size=block_size, n_features=n_features, classes=classes,
                          feature_bound=feature_bound, lam=lam, fit_intercept=fit_intercept, noise=noise,
                          delta=delta, rng=rng, tol_fraction=tol_fraction, log=log)
-        base_size = _int("base_size", base_size, 1)
+        base_size = check_int("base_size", base_size, 1)
         if base_size % self.block_size:
             raise ValueError(f"base_size must be a multiple of block_size={self.block_size}, got {base_size}")
         self.base_size = base_size
@@ -98,10 +98,10 @@ class ContinualERM(_ERMStream):
         ``("single", 0)`` or None before the first base. ``tg`` is the last base block."""
         if c < base_blocks:
             return None
-        if c % base_blocks == 0 and _is_pow2(c // base_blocks):
+        if c % base_blocks == 0 and is_pow2(c // base_blocks):
             return ("base", (c // base_blocks).bit_length() - 1)
         i = c - tg
-        if _is_pow2(i):
+        if is_pow2(i):
             return ("doubling", i.bit_length() - 1)
         return ("single", 0)
 
@@ -129,10 +129,10 @@ class ContinualERM(_ERMStream):
         return 1
 
     def _dynamic_state(self):
-        return {"fg": _model_to(self._fg), "fc": _model_to(self._fc), "tg": self._tg}
+        return {"fg": model_to_state(self._fg), "fc": model_to_state(self._fc), "tg": self._tg}
 
     def _load_dynamic(self, d):
-        self._fg, self._fc, self._tg = _model_from(d["fg"]), _model_from(d["fc"]), d["tg"]
+        self._fg, self._fc, self._tg = model_from_state(d["fg"]), model_from_state(d["fc"]), d["tg"]
 
     def _model_count(self):
         return len({id(m) for m in (self._fg, self._fc) if m is not None})

@@ -15,7 +15,7 @@ class BlockLog:
 
     Spec §3, notes of the per-key state table: Alg. 4 and Alg. 2 need the
     history, "store it in a durable per-key log, not in memory". The stream
-    splits its state in two: the *small state* of :meth:`_ERMStream.to_state`
+    splits its state in two: the *small state* of :meth:`ERMStream.to_state`
     (the partial block, the O(log t) models, counters) that an engine rewrites
     at every firing, and this log of full blocks, which only grows by appends
     and is read back only by the trainings that use old blocks.
@@ -49,7 +49,7 @@ class BlockLog:
 class MemoryBlockLog(BlockLog):
     """The default, in-memory :class:`BlockLog`: drops released blocks at once.
 
-    Its blocks are part of the stream's :meth:`~_ERMStream.to_state` (that is
+    Its blocks are part of the stream's :meth:`~ERMStream.to_state` (that is
     the engine-free behaviour: one self-contained state).
 
     >>> import numpy as np

@@ -11,7 +11,7 @@ import math
 
 import numpy as np
 
-from .validation import _int, _real
+from .validation import check_int, check_real
 
 __all__ = ["LogisticLoss"]
 
@@ -34,7 +34,7 @@ class LogisticLoss:
     """
 
     def __init__(self, n_features, classes, feature_bound, fit_intercept=True):
-        self.n_features = _int("n_features", n_features, 1)
+        self.n_features = check_int("n_features", n_features, 1)
         classes = tuple(classes) if classes is not None else ()
         if len(classes) < 2:
             raise ValueError(f"classes must list at least 2 distinct labels, got {classes!r}")
@@ -42,7 +42,7 @@ class LogisticLoss:
             raise ValueError(f"classes must be distinct, got {classes!r}")
         self.classes = classes
         self._index = {c: i for i, c in enumerate(classes)}
-        self.feature_bound = _real("feature_bound", feature_bound, positive=True)
+        self.feature_bound = check_real("feature_bound", feature_bound, positive=True)
         if not isinstance(fit_intercept, bool):
             raise ValueError(f"fit_intercept must be a bool, got {fit_intercept!r}")
         self.fit_intercept = fit_intercept
@@ -97,7 +97,7 @@ class LogisticLoss:
             s = 2.0 * yi - 1.0
             m = s * (Xa @ theta)
             value = float(np.mean(np.logaddexp(0.0, -m)))
-            coef = -s * _sigmoid(-m)
+            coef = -s * sigmoid(-m)
             return value, Xa.T @ coef / n
         K = self.n_outputs
         Th = theta.reshape(K, Xa.shape[1])
@@ -116,5 +116,5 @@ class LogisticLoss:
         return Xa @ np.asarray(theta, dtype=np.float64).reshape(self.n_outputs, Xa.shape[1]).T
 
 
-def _sigmoid(z):
+def sigmoid(z):
     return np.where(z >= 0, 1.0 / (1.0 + np.exp(-np.abs(z))), np.exp(-np.abs(z)) / (1.0 + np.exp(-np.abs(z))))

@@ -6,13 +6,13 @@ models trained from scratch on the aligned intervals of 2^k blocks that end
 there.
 """
 
-from .stream import _ERMStream
-from .validation import _int
+from .stream import ERMStream
+from .validation import check_int
 
 __all__ = ["MultiResolutionERM"]
 
 
-class MultiResolutionERM(_ERMStream):
+class MultiResolutionERM(ERMStream):
     """Algorithm 2, private multi-resolution release (spec §1.3).
 
     ``block_size`` is B. After the q-th block (t = q·B) it releases, for every
@@ -41,7 +41,7 @@ class MultiResolutionERM(_ERMStream):
         super().__init__(epsilon=epsilon, block_size=block_size, n_features=n_features, classes=classes,
                          feature_bound=feature_bound, lam=lam, fit_intercept=fit_intercept, noise=noise,
                          delta=delta, rng=rng, tol_fraction=tol_fraction, log=log)
-        self.max_scale = None if max_scale is None else _int("max_scale", max_scale, 0)
+        self.max_scale = None if max_scale is None else check_int("max_scale", max_scale, 0)
         self._op = self._component(1.0)
 
     def _config(self):

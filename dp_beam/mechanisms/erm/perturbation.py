@@ -15,7 +15,7 @@ from ..l2_laplace import l2_laplace_noise
 from ..noise import make_noise
 from ..noise_key import grid_padded_scale, round_to_grid
 from .solver import solve_erm
-from .validation import _real
+from .validation import check_real
 
 __all__ = [
     "NOISE_KINDS",
@@ -75,15 +75,15 @@ class OutputPerturbation:
 
     def __init__(self, loss, lam, epsilon, noise="l2_laplace", delta=None, rng=None, tol_fraction=0.5):
         self.loss = loss
-        self.lam = _real("lam", lam, positive=True)
-        self.epsilon = _real("epsilon", epsilon, positive=True)
+        self.lam = check_real("lam", lam, positive=True)
+        self.epsilon = check_real("epsilon", epsilon, positive=True)
         if noise not in NOISE_KINDS:
             raise ValueError(f"noise must be one of {NOISE_KINDS}, got {noise!r}")
         self.noise = noise
         if noise == "gaussian":
             if delta is None:
                 raise ValueError("delta must be in (0, 1) for Gaussian noise, got None")
-            self.delta = _real("delta", delta)
+            self.delta = check_real("delta", delta)
             if not 0.0 < self.delta < 1.0:
                 raise ValueError(f"delta must be in (0, 1) for Gaussian noise, got {delta!r}")
             self.rho = rho_from_eps_delta(self.epsilon, self.delta)
@@ -92,7 +92,7 @@ class OutputPerturbation:
                 raise ValueError(f"delta must be None or 0 for {noise!r} noise (pure epsilon-DP), got {delta!r}")
             self.delta = 0.0
             self.rho = rho_from_eps(self.epsilon)
-        self.tol_fraction = _real("tol_fraction", tol_fraction, positive=True)
+        self.tol_fraction = check_real("tol_fraction", tol_fraction, positive=True)
         if self.tol_fraction > 1.0:
             raise ValueError(f"tol_fraction must be <= 1, got {tol_fraction!r}")
         self.source = make_noise(rng)

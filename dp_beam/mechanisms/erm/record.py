@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .loss import LogisticLoss, _sigmoid
+from .loss import LogisticLoss, sigmoid
 
 __all__ = ["ModelRelease", "predict_proba", "predict"]
 
@@ -104,7 +104,7 @@ def predict_proba(release, X):
     if X.ndim != 2 or X.shape[1] != d:
         raise ValueError(f"X must have shape (n, {d}), got {X.shape}")
     if W.ndim == 1:
-        p1 = _sigmoid(X @ W + float(b))
+        p1 = sigmoid(X @ W + float(b))
         return np.column_stack([1.0 - p1, p1])
     Z = X @ W.T + b
     Z = Z - Z.max(axis=1, keepdims=True)
@@ -118,9 +118,9 @@ def predict(release, X):
     return [release.classes[i] for i in idx]
 
 
-def _model_to(m):
+def model_to_state(m):
     return None if m is None else m.to_dict()
 
 
-def _model_from(d):
+def model_from_state(d):
     return None if d is None else ModelRelease.from_dict(d)

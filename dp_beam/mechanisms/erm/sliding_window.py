@@ -7,8 +7,8 @@ each bucket's model regularised toward its predecessor in the chain.
 """
 
 from .record import ModelRelease
-from .stream import _ERMStream
-from .validation import _int, _is_pow2
+from .stream import ERMStream
+from .validation import check_int, is_pow2
 
 __all__ = ["WINDOW_POLICIES", "SlidingWindowERM", "sliding_buckets"]
 
@@ -50,7 +50,7 @@ def sliding_buckets(s, W, P):
     return j, r, left, [("B", b_s, b_e, None)] + _right_buckets(b_e, r) + _left_buckets(b_s, left)
 
 
-class SlidingWindowERM(_ERMStream):
+class SlidingWindowERM(ERMStream):
     """Private sliding-window ERM, Algorithm 5 with the bucket / chain rule of spec §1.7.
 
     ``block_size`` is w0, ``window`` is w records, W = w/w0 blocks. Exact mode
@@ -97,14 +97,14 @@ class SlidingWindowERM(_ERMStream):
                          delta=delta, rng=rng, tol_fraction=tol_fraction, log=log)
         if window_policy not in WINDOW_POLICIES:
             raise ValueError(f"window_policy must be one of {WINDOW_POLICIES}, got {window_policy!r}")
-        window = _int("window", window, self.block_size)
+        window = check_int("window", window, self.block_size)
         self.window = window
         self.window_policy = window_policy
         if window_policy == "exact" and window % self.block_size:
             raise ValueError(f"window must be a multiple of block_size={self.block_size} in exact mode, got {window}")
         W = window // self.block_size
         if window_policy == "exact":
-            if not _is_pow2(W + 1):
+            if not is_pow2(W + 1):
                 raise ValueError(f"window must be (2^k - 1)·block_size in exact mode, got {W} blocks "
                                  f"(use window_policy='round_down' or 'general')")
         elif window_policy == "round_down":

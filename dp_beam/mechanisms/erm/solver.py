@@ -11,7 +11,7 @@ import math
 import numpy as np
 from scipy import optimize
 
-from .validation import _real
+from .validation import check_real
 
 __all__ = ["solve_erm"]
 
@@ -74,8 +74,8 @@ def solve_erm(loss, X, y, lam, theta_ref=None, tol_fraction=0.5):
     indices. Returns ``(θ̃, ‖∇F(θ̃)‖)``, the measured gradient norm (above
     ``g`` only on the second exit).
     """
-    lam = _real("lam", lam, positive=True)
-    tol_fraction = _real("tol_fraction", tol_fraction, positive=True)
+    lam = check_real("lam", lam, positive=True)
+    tol_fraction = check_real("tol_fraction", tol_fraction, positive=True)
     if tol_fraction > 1.0:
         raise ValueError(f"tol_fraction must be <= 1 for the sensitivity bound to hold, got {tol_fraction!r}")
     n = X.shape[0]

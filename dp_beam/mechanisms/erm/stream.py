@@ -6,7 +6,7 @@ Time is record count: a stream's ``t`` is the number of points consumed and
 intervals ``(a, b]`` are half-open record ranges. A stream buffers points
 into blocks, keeps complete blocks in a :class:`~.log.BlockLog`, asks its
 subclass which models the new block triggers, and serialises a small state
-(:meth:`_ERMStream.to_state`) apart from the log.
+(:meth:`ERMStream.to_state`) apart from the log.
 """
 
 import numpy as np
@@ -17,9 +17,9 @@ from .log import MemoryBlockLog
 from .loss import LogisticLoss
 from .perturbation import OutputPerturbation
 from .record import ModelRelease
-from .validation import _int, _real
+from .validation import check_int, check_real
 
-__all__ = ["_ERMStream"]
+__all__ = ["ERMStream"]
 
 
 def _merge(intervals):
@@ -32,7 +32,7 @@ def _merge(intervals):
     return tuple(out)
 
 
-class _ERMStream:
+class ERMStream:
     """Shared machinery: configuration, block buffering, retained blocks, state."""
 
     name = None
@@ -42,10 +42,10 @@ class _ERMStream:
                  fit_intercept, noise, delta, rng, tol_fraction, log=None):
         if log is not None and not all(callable(getattr(log, m, None)) for m in ("append", "read", "release_before")):
             raise ValueError(f"log must be a BlockLog (append, read, release_before) or None, got {log!r}")
-        self.block_size = _int("block_size", block_size, 1)
+        self.block_size = check_int("block_size", block_size, 1)
         self.loss = LogisticLoss(n_features, classes, feature_bound, fit_intercept)
-        self.epsilon = _real("epsilon", epsilon, positive=True)
-        self.lam = _real("lam", lam, positive=True)
+        self.epsilon = check_real("epsilon", epsilon, positive=True)
+        self.lam = check_real("lam", lam, positive=True)
         # Validate noise/delta once, on the whole budget, so errors name them.
         OutputPerturbation(self.loss, lam, epsilon, noise, delta, rng=ZeroNoise(), tol_fraction=tol_fraction)
         self.noise = noise

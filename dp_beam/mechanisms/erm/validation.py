@@ -8,10 +8,10 @@ its caller used. Internal to :mod:`dp_beam.mechanisms.erm`.
 import math
 import numbers
 
-__all__ = ["_real", "_int", "_is_pow2"]
+__all__ = ["check_real", "check_int", "is_pow2"]
 
 
-def _real(name, value, *, positive=False, nonnegative=False, finite=True):
+def check_real(name, value, *, positive=False, nonnegative=False, finite=True):
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise ValueError(f"{name} must be a real number, got {value!r}")
     value = float(value)
@@ -24,11 +24,11 @@ def _real(name, value, *, positive=False, nonnegative=False, finite=True):
     return value
 
 
-def _int(name, value, minimum):
+def check_int(name, value, minimum):
     if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
         raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
     return int(value)
 
 
-def _is_pow2(n):
+def is_pow2(n):
     return n >= 1 and n & (n - 1) == 0
