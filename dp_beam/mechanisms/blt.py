@@ -67,6 +67,7 @@ class _Closed:
         self.radius = float(np.max(np.abs(lam))) if d else 0.0
         self.coef = np.concatenate([[1.0 - beta.sum()], beta])
         self.base = np.concatenate([[1.0], lam])
+        self._b_sq = {}  # n → b_sq(n), shared by every stream of this plan
 
     def c_sq(self, n):
         if n <= 0:
@@ -77,7 +78,7 @@ class _Closed:
     def b_sq(self, n):
         # Every stream with this plan asks for the same n at the same step:
         # remember the answers (a float each; bounded like the horizons).
-        cache = self.__dict__.setdefault("_b_sq", {})
+        cache = self._b_sq
         value = cache.get(n)
         if value is None:
             value = float(np.real(np.sum(np.outer(self.coef, self.coef)

@@ -298,6 +298,7 @@ class FactorisationMechanism:
         rng=None,
         calibration="zcdp",
     ):
+        self._last_std = None  # (t, std) of the last noise_std call
         self._epsilon = BinaryTreeMechanism._check_epsilon(epsilon)
         self._sensitivity = BinaryTreeMechanism._check_sensitivity(sensitivity)
         self._horizon = BinaryTreeMechanism._check_horizon(horizon)
@@ -488,7 +489,7 @@ class FactorisationMechanism:
         Exact, not a bound.
         """
         t = self._check_t(t)
-        last = self.__dict__.get("_last_std")
+        last = self._last_std
         if last is not None and last[0] == t:
             # A release asks twice per step (the std and the interval).
             return last[1]

@@ -632,8 +632,7 @@ def _grid_ratio(scale, power):
     """
     scale = _positive_float("scale" if power == 1 else "sigma", scale)
     k = grid_exponent(scale)
-    ratio = (Fraction(scale) / Fraction(2) ** k) ** power
-    return k, ratio.numerator, ratio.denominator
+    return (k,) + _integer_ratio(scale, k, power)
 
 
 @functools.lru_cache(maxsize=4096)

@@ -233,6 +233,7 @@ class BinaryTreeMechanism:
             self._rho = 1.0 / (2.0 * unit_sigma * unit_sigma)
 
         self._scales = {}
+        self._last_scales = None  # (t, scales) of the last noise_scales call
         self._t = 0
         if self._horizon is not None:
             self._nodes = np.zeros((self._horizon.bit_length(), self._dim), dtype=np.float64)
@@ -439,7 +440,7 @@ class BinaryTreeMechanism:
         completed epoch). Public: depends only on t and the parameters.
         """
         t = self._check_t(t)
-        last = self.__dict__.get("_last_scales")
+        last = self._last_scales
         if last is not None and last[0] == t:
             # A release asks twice per step (noise_std and ci_halfwidth).
             return list(last[1])

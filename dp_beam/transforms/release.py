@@ -136,11 +136,6 @@ def key_label(key):
         return ("repr", type(key).__module__, type(key).__qualname__, repr(key))
 
 
-# Python's hash() is salted per process: a test seed must give every key the
-# same noise on every worker and every run.
-_stable_hash = stable_hash
-
-
 class BagLog:
     """A per-key append-only log in a Beam ``BagState``, read lazily (spec of seed 004, §3).
 
@@ -377,7 +372,9 @@ class OrderedReleaseDoFn(beam.DoFn):
             return self._key_source(key).for_identity(step, phase)
         if not self._per_step_seed():
             return self._noise
-        entropy = [self._seed, _stable_hash(key), step & (2**63 - 1)]
+        # Python's hash() is salted per process: a test seed must give every key the
+        # same noise on every worker and every run.
+        entropy = [self._seed, stable_hash(key), step & (2**63 - 1)]
         return make_noise(np.random.default_rng(entropy if phase == "step" else entropy + [1]))
 
     def _key_source(self, key):

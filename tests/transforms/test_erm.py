@@ -19,7 +19,8 @@ from dp_beam.records import InvalidElement, LedgerEntry
 from dp_beam.records_erm import ModelRecord
 from dp_beam.transforms.erm import (ContinualERM, MultiResolutionERM, SlidingWindowERM, _listify,
                                    _test_tiebreak)
-from dp_beam.transforms.release import PLAN_ATTRIBUTE, BagLog, _stable_hash
+from dp_beam.mechanisms.stable_hash import stable_hash
+from dp_beam.transforms.release import PLAN_ATTRIBUTE, BagLog
 from tests.beam_util import batch_options, collect, streaming_options
 
 STEP = 10.0
@@ -339,7 +340,7 @@ def _seeded_reference(cls, args, events, seed, key=None, start_step=0, tie_seed=
         by_step.setdefault(int(e["ts"] // STEP), []).append(e)
     state, out = None, []
     for step in range(start_step, max(by_step) + 1):
-        rng = make_noise(np.random.default_rng([seed, _stable_hash(key), step]))
+        rng = make_noise(np.random.default_rng([seed, stable_hash(key), step]))
         stream = cls(rng=rng, **args) if state is None else cls.from_state(state, rng=rng)
         # The transform's order in a test mode: event time, then the seeded tie-breaker.
         tiebreak = lambda e: _test_tiebreak(seed if tie_seed is None else tie_seed, e["ts"],  # noqa: E731
