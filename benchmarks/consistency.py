@@ -22,7 +22,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from dp_beam.mechanisms.postprocess import hay_consistency  # noqa: E402
+from dp_beam.mechanisms.counting.postprocess import hay_consistency  # noqa: E402
 
 
 def prefix_from_levels(levels, n):

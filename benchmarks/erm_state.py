@@ -2,7 +2,7 @@
 
 The Beam release DoFn restores each stream from its state at every firing and
 writes it back. Before the per-key log, an ERM stream's state held every block
-it retained (for ``ContinualERM``: the whole history), so the cell rewritten at
+it retained (for ``ContinualERMMechanism``: the whole history), so the cell rewritten at
 every firing grew with t. Now the rewritten cell holds the small state (partial
 block, O(log t) models, counters) and each complete block is added once to a
 ``BagState`` log that is read back only when a model trains on older blocks
@@ -24,8 +24,8 @@ The released models of both are compared bit for bit.
     python benchmarks/erm_state.py [--transform continual|sliding|multires] [--blocks 256]
         [--block-size 32] [--features 10] [--max-scale 4|none]
 
-Settings: ContinualERM with B = 2·b0; SlidingWindowERM with w = 15·w0;
-MultiResolutionERM with ``--max-scale`` (default 4).
+Settings: ContinualERMMechanism with B = 2·b0; SlidingWindowERMMechanism with w = 15·w0;
+MultiResolutionERMMechanism with ``--max-scale`` (default 4).
 """
 
 import argparse
@@ -83,10 +83,10 @@ def make_stream(kind, block_size, features, rng, log, max_scale=4):
     common = dict(epsilon=1.0, block_size=block_size, n_features=features, classes=[0, 1],
                   feature_bound=1.0, lam=0.1, rng=rng, log=log)
     if kind == "continual":
-        return erm.ContinualERM(base_size=2 * block_size, **common)
+        return erm.ContinualERMMechanism(base_size=2 * block_size, **common)
     if kind == "sliding":
-        return erm.SlidingWindowERM(window=15 * block_size, **common)
-    return erm.MultiResolutionERM(max_scale=max_scale, **common)
+        return erm.SlidingWindowERMMechanism(window=15 * block_size, **common)
+    return erm.MultiResolutionERMMechanism(max_scale=max_scale, **common)
 
 
 def replay(kind, n_blocks, block_size, features, X, y, with_log, max_scale):

@@ -525,7 +525,7 @@ def write_markdown(path, argv, df, results, seeds, check, plot_path, timings):
         "per route, seeded per (seed, route)): *counter*, a binary-tree continual counter of "
         "the route's distinct aircraft, admitted when it reaches τ_t; *sparse vector*, "
         "AboveThreshold (a noisy offset drawn once per route, fresh Laplace noise every day; "
-        "`dp_beam/mechanisms/key_selection.py`, claims 10–17). *admitted*: routes admitted by "
+        "`dp_beam/mechanisms/key_selection/sparse_vector.py`, claims 10–17). *admitted*: routes admitted by "
         "31 December, mean over seeds (min–max); *noise-free*: routes whose true running count "
         "reaches τ_t on some day (not private; it shows what the thresholds alone allow); "
         "*median day*: median admission day over all admissions of all seeds (day 1 = "

@@ -1,11 +1,11 @@
-"""Generate dp_beam/mechanisms/blt_table.py: BLT parameters for standard horizons.
+"""Generate dp_beam/mechanisms/counting/blt_table.py: BLT parameters for standard horizons.
 
-Runs :func:`dp_beam.mechanisms.blt.optimise_blt` (scipy Nelder-Mead + BFGS,
+Runs :func:`dp_beam.mechanisms.counting.blt.optimise_blt` (scipy Nelder-Mead + BFGS,
 3-5 buffers, several deterministic restarts) for T = 2^10, 2^12, ..., 2^20
 and writes the parameters with the max per-step std they achieve. The test
 suite re-derives each entry's error from its parameters.
 
-    python benchmarks/make_blt_table.py [--restarts 6] [--out dp_beam/mechanisms/blt_table.py]
+    python benchmarks/make_blt_table.py [--restarts 6] [--out dp_beam/mechanisms/counting/blt_table.py]
 """
 
 import argparse
@@ -15,15 +15,15 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir))
 
-from dp_beam.mechanisms.blt import optimise_blt  # noqa: E402
-from dp_beam.mechanisms.factorisation import prefix_sum_lower_bound  # noqa: E402
+from dp_beam.mechanisms.counting.blt import optimise_blt  # noqa: E402
+from dp_beam.mechanisms.counting.factorisation import prefix_sum_lower_bound  # noqa: E402
 
 HEADER = '''"""BLT parameters for standard horizons (generated; do not edit by hand).
 
 Written by ``benchmarks/make_blt_table.py`` with ``optimise_blt(T, buffers=(3, 4, 5),
 restarts={restarts})``. ``max_std`` is the max per-step std in units of the
 unit-sensitivity Gaussian σ; ``lower_bound`` the factorisation lower bound
-``‖A‖_*/T`` for the same T. tests/mechanisms/test_blt.py recomputes both.
+``‖A‖_*/T`` for the same T. tests/mechanisms/counting/test_blt.py recomputes both.
 """
 
 BLT_TABLE = {{
@@ -35,7 +35,7 @@ def main(argv=None):
     parser.add_argument("--restarts", type=int, default=6)
     parser.add_argument(
         "--out",
-        default=os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "dp_beam", "mechanisms", "blt_table.py"),
+        default=os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "dp_beam", "mechanisms", "counting", "blt_table.py"),
     )
     args = parser.parse_args(argv)
     lines = [HEADER.format(restarts=args.restarts)]

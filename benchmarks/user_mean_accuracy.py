@@ -71,7 +71,7 @@ from dp_beam.mechanisms.continual_mean import (  # noqa: E402
     ContinualMeanCore, MeanAggregate, MeanParams, StepNaiveMean, StepPriorMean, UserState,
     contribution, element_size, user_hash)
 from dp_beam.mechanisms.noise import SeededNoise, ZeroNoise  # noqa: E402
-from dp_beam.mechanisms.registry import default_mechanism  # noqa: E402
+from dp_beam.mechanisms.counting.registry import default_mechanism  # noqa: E402
 
 LOWER, UPPER = -30.0, 120.0
 CAP = 512

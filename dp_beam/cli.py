@@ -29,6 +29,11 @@ import pkgutil
 import re
 import sys
 import traceback
+import types
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Optional, Sequence, Union
+
+if TYPE_CHECKING:  # imported lazily at run time: the command line starts before Beam loads
+    from dp_beam.accounting.budget import Budget
 
 __all__ = ["available_jobs", "CliError", "configure_logging", "DEFAULT_JOBS_DIR", "guarded",
            "hide_beam_import_noise", "job_main", "jobs_dir", "JOBS_ENV", "load_job", "main",
@@ -58,14 +63,14 @@ class _BeamImportNoise(logging.Filter):
         return not str(record.msg).startswith("apitools not found, and bigquery client")
 
 
-def hide_beam_import_noise():
+def hide_beam_import_noise() -> None:
     """Installs :class:`_BeamImportNoise` on the root logger (once); ``-v`` removes it again."""
     root = logging.getLogger()
     if not any(isinstance(f, _BeamImportNoise) for f in root.filters):
         root.addFilter(_BeamImportNoise())
 
 
-def configure_logging(verbosity=0):
+def configure_logging(verbosity: int = 0) -> None:
     """dp_beam at INFO and Beam at WARNING by default; each ``-v`` opens both up one level."""
     root = logging.getLogger()
     for h in list(root.handlers):
@@ -97,7 +102,7 @@ class CliError(Exception):
 _EXC_LINE = re.compile(r"^\s*([A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt|Invalid))(: .*)?$")
 
 
-def one_line(exc) -> str:
+def one_line(exc: BaseException) -> str:
     """One readable line for an exception.
 
     Errors raised inside Beam workers arrive wrapped, with the worker's whole
@@ -121,7 +126,7 @@ def one_line(exc) -> str:
 
 # --------------------------------------------------------------------------- jobs
 
-def jobs_dir(override=None) -> str:
+def jobs_dir(override: Optional[str] = None) -> str:
     """The jobs folder: ``override``, else ``$DP_BEAM_JOBS``, else ``./pipelines``; checked."""
     path = override or os.environ.get(JOBS_ENV) or DEFAULT_JOBS_DIR
     folder = os.path.abspath(path)
@@ -155,7 +160,7 @@ def _is_job(module) -> bool:
         getattr(module, "build_pipeline", None))
 
 
-def available_jobs(folder=None) -> dict:
+def available_jobs(folder: Optional[str] = None) -> dict:
     """``{name: module}`` of the modules of the jobs folder that are jobs (see :func:`jobs_dir`)."""
     folder = jobs_dir(folder)
     package = _package(folder)
@@ -167,7 +172,7 @@ def available_jobs(folder=None) -> dict:
     return jobs
 
 
-def load_job(name, folder=None):
+def load_job(name: str, folder: Optional[str] = None) -> types.ModuleType:
     """The job module ``name`` of the jobs folder, or of the ``.py`` file ``name`` names."""
     if name.endswith(".py") and os.path.isfile(name):
         folder, name = os.path.dirname(os.path.abspath(name)), os.path.basename(name)[:-3]
@@ -188,13 +193,13 @@ def _summary(module) -> str:
     return doc.splitlines()[0] if doc else ""
 
 
-def cmd_jobs(args):
+def cmd_jobs(args: argparse.Namespace) -> int:
     for name, module in sorted(available_jobs(args.jobs_dir).items()):
         print(f"{name:24s} {_summary(module)}")
     return 0
 
 
-def cmd_run(args):
+def cmd_run(args: argparse.Namespace) -> int:
     job = load_job(args.job, args.jobs_dir)
     job.main(list(args.job_args))
     return 0
@@ -209,7 +214,7 @@ def _num(x, scale=None) -> str:
     return fmt(x, scale=scale)
 
 
-def format_table(header, rows) -> str:
+def format_table(header: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
     cells = [list(map(str, header))] + [[str(c) for c in row] for row in rows]
     widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
     out = []
@@ -220,7 +225,8 @@ def format_table(header, rows) -> str:
     return "\n".join(out)
 
 
-def plan_tables(accountings, budget) -> str:
+def plan_tables(accountings: Union[Mapping[str, Any], Iterable[Any]],
+                budget: Optional["Budget"]) -> str:
     """The per-transform charges and the per-unit totals against ``budget``."""
     import dp_beam as dpb
     from dp_beam.transforms.accounting import plan_entries
@@ -265,7 +271,7 @@ def plan_tables(accountings, budget) -> str:
     return "\n".join(parts)
 
 
-def cmd_plan(args):
+def cmd_plan(args: argparse.Namespace) -> int:
     job = load_job(args.job, args.jobs_dir)
     _pipeline, accountings, budget = job.build_pipeline(list(args.job_args))
     print(plan_tables(accountings, budget))
@@ -274,7 +280,7 @@ def cmd_plan(args):
 
 # --------------------------------------------------------------------------- report
 
-def cmd_report(args):
+def cmd_report(args: argparse.Namespace) -> int:
     from dp_beam import report
 
     counts = None
@@ -291,7 +297,7 @@ def cmd_report(args):
 
 # --------------------------------------------------------------------------- main
 
-def make_parser():
+def make_parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("-v", "--verbose", action="count", default=argparse.SUPPRESS,
                         help="more logging (-vv: everything) and tracebacks on errors")
@@ -362,7 +368,7 @@ def _pop_verbose(job_args):
     return kept, n
 
 
-def main(argv=None):
+def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = make_parser()
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
     verbosity = getattr(args, "verbose", 0) or 0
@@ -373,7 +379,7 @@ def main(argv=None):
     return guarded(args.func, args, verbosity=verbosity)
 
 
-def guarded(func, *args, verbosity=0, prog=PROG):
+def guarded(func: Callable[..., Any], *args: Any, verbosity: int = 0, prog: str = PROG) -> int:
     """``func(*args)`` with the command line's error handling: one line, exit status 1.
 
     Returns ``func``'s result (0 when it returns None), 1 after an error,
@@ -394,7 +400,7 @@ def guarded(func, *args, verbosity=0, prog=PROG):
         return 1
 
 
-def job_main(main_fn, prog, argv=None):
+def job_main(main_fn: Callable[..., Any], prog: str, argv: Optional[Sequence[str]] = None) -> int:
     """What a job's ``python -m pipelines.JOB`` runs: logging as ``dp-beam``, one-line errors.
 
     ``-v``/``--verbose`` in ``argv`` (default ``sys.argv[1:]``) are taken

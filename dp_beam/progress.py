@@ -38,9 +38,10 @@ import logging
 import os
 import time
 from collections import OrderedDict
-from typing import Dict, Optional
+from typing import Any, Dict, Optional, Union
 
 from apache_beam.metrics import Metrics
+from apache_beam.runners.runner import PipelineResult
 
 __all__ = ["check_invalid", "DEFAULT_INTERVAL", "format_summary", "INTERVAL_ENV",
            "interval_seconds", "invalid_share", "log_summary", "LOGGER", "NAMESPACE", "ORDER",
@@ -60,7 +61,7 @@ ORDER = ("released_steps", "empty_steps", "events_used") + REJECTED + (
     "late_deferred_events", "clamped", "clipped")
 
 
-def interval_seconds(value=None) -> float:
+def interval_seconds(value: Optional[Union[float, str]] = None) -> float:
     """Seconds between progress lines: ``value``, else ``$DP_BEAM_PROGRESS_SECONDS``, else 30.
 
     Raises ``ValueError`` naming the source when it is not a number >= 0
@@ -95,7 +96,7 @@ class ReleaseProgress:
     (2, 3)
     """
 
-    def __init__(self, transform: str, interval: Optional[float] = None):
+    def __init__(self, transform: str, interval: Optional[float] = None) -> None:
         if interval is not None:
             interval_seconds(interval)  # validates it, naming it
         self.transform = transform
@@ -106,7 +107,7 @@ class ReleaseProgress:
         self._next = None  # monotonic time of the next line; None until the first release
         self._started = None
 
-    def released(self, key, step: int, window_end: float, events: int = 0):
+    def released(self, key: Any, step: int, window_end: float, events: int = 0) -> None:
         """One step of ``key``'s stream released, having used ``events`` input events."""
         if events:
             self._used.inc(events)
@@ -132,7 +133,8 @@ class ReleaseProgress:
             step, end, self.events)
 
 
-def summarise(result, namespace: str = NAMESPACE) -> Optional[Dict[str, Dict[str, int]]]:
+def summarise(result: PipelineResult,
+              namespace: str = NAMESPACE) -> Optional[Dict[str, Dict[str, int]]]:
     """``{transform: {counter: value}}`` of a finished run's ``dp_beam`` counters.
 
     Totals over all workers (committed values where the runner has them,
@@ -190,7 +192,8 @@ class TooManyInvalid(RuntimeError):
 WARN_SHARE = 0.1
 
 
-def check_invalid(summary, max_fraction: Optional[float] = 0.5, logger=None):
+def check_invalid(summary: Optional[Dict[str, Dict[str, int]]], max_fraction: Optional[float] = 0.5,
+                  logger: Optional[logging.Logger] = None) -> None:
     """Warns about transforms that rejected much of their input; raises past ``max_fraction``.
 
     A rejected share above 10 % is logged at WARNING with the counts; above
@@ -233,7 +236,7 @@ def check_invalid(summary, max_fraction: Optional[float] = 0.5, logger=None):
                              f"{max_fraction:g}; see the invalid output for the reasons")
 
 
-def format_summary(summary) -> list:
+def format_summary(summary: Dict[str, Dict[str, int]]) -> list:
     """One line per transform: ``'label': released_steps=…, events_used=…, …``."""
     if summary is None:
         return ["no dp_beam metrics reported by this runner"]
@@ -241,7 +244,9 @@ def format_summary(summary) -> list:
             for t, counts in summary.items()]
 
 
-def log_summary(result, logger=None, max_invalid_fraction: Optional[float] = None):
+def log_summary(result: PipelineResult, logger: Optional[logging.Logger] = None,
+                max_invalid_fraction: Optional[float] = None
+                ) -> Optional[Dict[str, Dict[str, int]]]:
     """Logs :func:`summarise` per transform (INFO) and runs :func:`check_invalid`; returns it.
 
     ``max_invalid_fraction=None`` only warns; a number raises

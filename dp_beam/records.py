@@ -2,8 +2,8 @@
 
 Records are ``NamedTuple``s: Beam encodes them with a deterministic row coder,
 and ``to_json`` gives the JSON-lines form written by :mod:`dp_beam.io`. Times
-are epoch seconds. The schemas are part of the public contract (DESIGN.md
-"Public API"); ``SCHEMA_VERSION`` changes whenever a field is added or its
+are epoch seconds. The schemas are part of the public contract
+(``docs/design.md`` D1); ``SCHEMA_VERSION`` changes whenever a field is added or its
 meaning changes.
 """
 
@@ -150,7 +150,8 @@ class InvalidElement(NamedTuple):
     id: str = ""
 
     @classmethod
-    def of(cls, transform, reason, element, timestamp=None, count=1):
+    def of(cls, transform: str, reason: str, element: Any, timestamp: Optional[float] = None,
+           count: int = 1) -> "InvalidElement":
         """The record with its stable :attr:`id` (``timestamp``: event time in seconds or ``None``)."""
         return cls(transform, reason, element, count,
                    invalid_id(transform, reason, element, timestamp, count))
@@ -193,7 +194,8 @@ def _canonical(value, depth=0):
     return {"repr": f"{type(value).__qualname__}:{text}"}
 
 
-def invalid_id(transform, reason, element, timestamp=None, count=1) -> str:
+def invalid_id(transform: str, reason: str, element: Any, timestamp: Optional[float] = None,
+               count: int = 1) -> str:
     """The stable id of a dead letter (:attr:`InvalidElement.id`): 32 hex digits."""
     payload = json.dumps([transform, reason, _canonical(element),
                           None if timestamp is None else repr(float(timestamp)), count],
@@ -215,7 +217,7 @@ def _jsonable(value):
     return repr(value)
 
 
-def to_json(record) -> dict:
+def to_json(record: Any) -> dict:
     """A JSON-serialisable dict of a record, with ``record`` naming its type.
 
     Values JSON cannot hold (NaN, infinities, arbitrary objects in an invalid

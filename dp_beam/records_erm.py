@@ -1,4 +1,4 @@
-"""The release record of the private ERM transforms (spec private_erm_and_incremental_regression.md §1).
+"""The release record of the private ERM transforms (``docs/privacy/erm.md``).
 
 Kept apart from :mod:`dp_beam.records` so that the shared schemas stay
 unchanged; it follows the same conventions (NamedTuple, epoch seconds,

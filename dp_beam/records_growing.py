@@ -1,4 +1,4 @@
-"""Release records of the growing-database transforms (spec growing_databases.md; seed 000).
+"""Release records of the growing-database transforms (``docs/privacy/growing.md``; seed 000).
 
 Kept apart from :mod:`dp_beam.records` so that the shared schemas stay
 unchanged; same conventions (NamedTuple, epoch seconds, ``to_json`` of
@@ -9,7 +9,8 @@ public for these transforms (their neighbours replace one record's cell).
 synthetic histogram: post-processing, free.
 """
 
-from typing import Any, NamedTuple, Optional
+import collections
+from typing import Any, List, Optional, Tuple
 
 import numpy as np
 
@@ -20,8 +21,34 @@ __all__ = ["SyntheticRelease", "QueryAnswer", "HistogramRelease", "answer_linear
 #: the current public histogram (a :class:`HistogramRelease`).
 HISTOGRAM = "histogram"
 
+#: The fields every release starts with: where in the stream it was made (the key, the step
+#: and its event-time window, the database size).
+_WHERE = [("key", Any), ("step", int), ("window_start", float), ("window_end", float), ("t", int)]
+#: The fields every release ends with: what made it.
+_MADE_BY = [("mechanism", str), ("transform", str)]
 
-class SyntheticRelease(NamedTuple):
+
+def _release_record(name: str, fields: List[Tuple[str, Any]]) -> type:
+    """A NamedTuple base with the fields ``_WHERE + fields + _MADE_BY`` (``transform``
+    defaults to ""): one place for the layout the three releases share, so their field order
+    and ``to_json`` form stay the same."""
+    types = dict([*_WHERE, *fields, *_MADE_BY])
+    # What ``class X(NamedTuple)`` builds, so the field types stay visible to type hints.
+    base = collections.namedtuple(name, list(types), defaults=("",), module=__name__)
+    base.__annotations__ = base.__new__.__annotations__ = types
+
+    def init_subclass(cls):
+        # A subclass body without annotations would otherwise read as having no fields
+        # to schema inference (Beam reads ``__annotations__`` of the record type).
+        cls.__annotations__ = dict(types)
+
+    base.__init_subclass__ = classmethod(init_subclass)
+    return base
+
+
+class SyntheticRelease(_release_record("SyntheticRelease", [
+        ("run", int), ("epoch", int), ("epsilon", float), ("beta", float), ("alpha", float),
+        ("pooled", int), ("kind", str), ("output", tuple)])):
     """One black-box run of ``GrowingSynthetic``: a synthetic histogram (or model) of the database.
 
     ``t`` is the size of the database it was computed on, ``epoch`` the
@@ -37,28 +64,18 @@ class SyntheticRelease(NamedTuple):
     >>> r.answer([1, 1, 0])
     0.75
     """
-    key: Any
-    step: int
-    window_start: float
-    window_end: float
-    t: int
-    run: int
-    epoch: int
-    epsilon: float
-    beta: float
-    alpha: float
-    pooled: int
-    kind: str
-    output: tuple
-    mechanism: str
-    transform: str = ""
+
+    __slots__ = ()
 
     def answer(self, query) -> float:
         """f(y) for a linear query f (a vector or a predicate on cell indices): free."""
         return answer_linear_query(self, query)
 
 
-class QueryAnswer(NamedTuple):
+class QueryAnswer(_release_record("QueryAnswer", [
+        ("query_id", Any), ("query_time", float), ("kind", str), ("value", Optional[float]),
+        ("noise_std", float), ("hard", int), ("cap", int), ("within_budget", bool),
+        ("alpha", Optional[float])])):
     """The answer to one query of ``GrowingQueries`` (PMWG) or ``GrowingSynthetic``.
 
     ``kind``: ``"easy"`` (``value`` = f(y) from the public histogram, exact),
@@ -68,40 +85,20 @@ class QueryAnswer(NamedTuple):
     ``"synthetic"`` (f of the latest ``GrowingSynthetic`` release). ``hard`` and
     ``cap`` are PMWG's hard-query count and its cap H_cap(t) after the query;
     ``within_budget`` whether the cumulative number of queries is within
-    Budget(t) (accuracy precondition, A13). ``alpha`` is the accuracy target: PMWG's α,
+    Budget(t) (accuracy precondition, G-9). ``alpha`` is the accuracy target: PMWG's α,
     or for ``"synthetic"`` answers the α asked of the black box in the latest run (the
     staleness error γ/(1+γ) of Lemma 11 comes on top); ``None`` when refused by
     ``GrowingSynthetic``.
     """
-    key: Any
-    step: int
-    window_start: float
-    window_end: float
-    t: int
-    query_id: Any
-    query_time: float
-    kind: str
-    value: Optional[float]
-    noise_std: float
-    hard: int
-    cap: int
-    within_budget: bool
-    alpha: Optional[float]
-    mechanism: str
-    transform: str = ""
+
+    __slots__ = ()
 
 
-class HistogramRelease(NamedTuple):
+class HistogramRelease(_release_record("HistogramRelease", [("query_id", Any),
+                                                             ("weights", tuple)])):
     """PMWG's public histogram y (N weights summing to 1) at size ``t``, released on request."""
-    key: Any
-    step: int
-    window_start: float
-    window_end: float
-    t: int
-    query_id: Any
-    weights: tuple
-    mechanism: str
-    transform: str = ""
+
+    __slots__ = ()
 
 
 def answer_linear_query(release, query) -> float:

@@ -1,4 +1,4 @@
-"""The release record of ``IncrementalRegression`` (spec private_erm_and_incremental_regression.md §2–3).
+"""The release record of ``IncrementalRegression`` (``docs/privacy/regression.md``).
 
 Kept apart from :mod:`dp_beam.records` so that the shared schemas stay
 unchanged; it follows the same conventions (NamedTuple, epoch seconds,
@@ -24,7 +24,7 @@ class RegressionRecord(NamedTuple):
     the noisy running sums behind the model (diagonal of the Gram matrix;
     off-diagonal entries have ``1/√2`` of it); ``noise_std_model``: std per
     coordinate of PrivIncERM's output perturbation; ``alpha``: the bound on the
-    error of the private gradient (spec §2.4). All noise figures are public.
+    error of the private gradient (regression.md R-2 to R-5). All noise figures are public.
     The stream's privacy cost is on ``.accounting``.
 
     >>> from dp_beam.records import to_json

@@ -28,7 +28,7 @@ import os
 import re
 from collections import OrderedDict, defaultdict
 from datetime import datetime, timezone
-from typing import Dict, List, NamedTuple, Optional
+from typing import AbstractSet, Any, Dict, Iterable, List, Mapping, NamedTuple, Optional, Sequence, Tuple
 
 from dp_beam.accounting.display import fmt
 
@@ -55,7 +55,7 @@ class ReportError(ValueError):
 
 # --------------------------------------------------------------------------- reading
 
-def join(directory, name):
+def join(directory: str, name: str) -> str:
     """``directory``/``name`` for local folders and Beam filesystems (``gs://``) alike."""
     if "://" in directory:
         from apache_beam.io.filesystems import FileSystems
@@ -64,7 +64,7 @@ def join(directory, name):
     return os.path.join(directory, name)
 
 
-def read_jsonl(pattern) -> list:
+def read_jsonl(pattern: str) -> list:
     """Records of every file matching ``pattern``, files in path order, lines in file order."""
     if "://" not in pattern:
         import glob
@@ -93,7 +93,7 @@ def read_jsonl(pattern) -> list:
     return records
 
 
-def write_bytes(path, data: bytes):
+def write_bytes(path: str, data: bytes) -> None:
     """Writes ``data`` to a local path (creating its folder) or a Beam filesystem path."""
     if "://" in path:
         from apache_beam.io.filesystems import FileSystems
@@ -112,7 +112,7 @@ def _coordinates(record):
     return [dict(record, value=v, ci95=c) for v, c in zip(values, cis)]
 
 
-def series_of(records) -> "OrderedDict":
+def series_of(records: Iterable[Dict[str, Any]]) -> "OrderedDict":
     """``{(transform, key as JSON): [records in step order]}`` of the running-value releases.
 
     A vector mean is one series per coordinate (``transform[j]``); a release
@@ -132,7 +132,7 @@ def series_of(records) -> "OrderedDict":
     return OrderedDict((k, [v[s] for s in sorted(v)]) for k, v in sorted(streams.items()))
 
 
-def models_of(records) -> "OrderedDict":
+def models_of(records: Iterable[Dict[str, Any]]) -> "OrderedDict":
     """``{(transform, key as JSON): [model records in release order]}`` (repeats counted once).
 
     Release order is the step, then ``t`` (the points the stream had consumed).
@@ -156,7 +156,7 @@ class Outputs(NamedTuple):
     other: Dict[str, int]    # record type -> count of records neither plotted nor listed
 
 
-def load_outputs(out_dir) -> Outputs:
+def load_outputs(out_dir: str) -> Outputs:
     """Releases (``releases*.jsonl``, ``models*.jsonl``), ledger and reports of a run's folder.
 
     Raises :class:`ReportError` when the folder does not exist or holds no
@@ -183,7 +183,7 @@ def load_outputs(out_dir) -> Outputs:
 
 # --------------------------------------------------------------------------- what a series is
 
-def count_like_transforms(ledger) -> set:
+def count_like_transforms(ledger: Iterable[Dict[str, Any]]) -> set:
     """Transforms whose true running total cannot decrease, as far as the ledger tells.
 
     A count adds 1 per event, so its per-event bound (sensitivity divided by
@@ -202,12 +202,13 @@ def count_like_transforms(ledger) -> set:
     return out
 
 
-def is_mean(records) -> bool:
+def is_mean(records: Sequence[Dict[str, Any]]) -> bool:
     return bool(records) and (records[-1].get("record") == "MeanRelease"
                               or str(records[-1].get("mechanism", "")).startswith(MEAN_PREFIX))
 
 
-def value_label(transform, records, counts=frozenset()) -> str:
+def value_label(transform: str, records: Sequence[Dict[str, Any]],
+                counts: AbstractSet[str] = frozenset()) -> str:
     """The y-axis label of a released series."""
     base = transform.split("[", 1)[0]
     if is_mean(records):
@@ -267,7 +268,7 @@ def _entry(d):
     return LedgerEntry(**{k: frozen(v) for k, v in d.items() if k in fields})
 
 
-def final_reports(reports) -> "OrderedDict":
+def final_reports(reports: Iterable[Dict[str, Any]]) -> "OrderedDict":
     """The final report per ``(unit, relation)``: the one composed from the most ledger lines.
 
     ``CombineAccounting`` re-emits accumulating reports as streams open; a
@@ -284,7 +285,8 @@ def final_reports(reports) -> "OrderedDict":
     return OrderedDict((k, final[k]) for k in order)
 
 
-def budget_rows(ledger, reports) -> List[BudgetRow]:
+def budget_rows(ledger: Iterable[Dict[str, Any]],
+                reports: Iterable[Dict[str, Any]]) -> List[BudgetRow]:
     """One :class:`BudgetRow` per final accounting report; from the ledger alone without reports.
 
     Without ``report*.jsonl`` the ledger is composed here
@@ -364,7 +366,8 @@ def _date_axis(ax, show_offset=True):
     ax.xaxis.set_major_formatter(mdates.ConciseDateFormatter(locator, show_offset=show_offset))
 
 
-def display_range(records, bounds=None):
+def display_range(records: Sequence[Dict[str, Any]],
+                  bounds: Optional[Sequence[float]] = None) -> Optional[Tuple[float, float]]:
     """``(low, high)`` of the y-axis of a mean, or ``None`` (no clipping) for other series.
 
     ``bounds`` (the mean's declared ``[lower, upper]``) when given; else the
@@ -490,7 +493,8 @@ def _draw_models(ax, models, title, top=6):
     ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=7, borderaxespad=0)
 
 
-def plot_series(streams, out=None, *, dpi=100, **kw):
+def plot_series(streams: Mapping[Any, Sequence[Any]], out: Optional[str] = None, *, dpi: int = 100,
+                **kw: Any) -> bytes:
     """PNG bytes of :func:`series_figure` (written to ``out``, a path, when given)."""
     plt = _pyplot()
     fig = series_figure(streams, **kw)
@@ -503,9 +507,16 @@ def plot_series(streams, out=None, *, dpi=100, **kw):
     return png
 
 
-def series_figure(streams, *, truth=None, titles=None, consistent=frozenset(),
-                  counts=frozenset(), bounds=None, rows=None, models=None, ylabels=None,
-                  zoom=ZOOM_STEPS, max_streams=12):
+def series_figure(streams: Mapping[Any, Sequence[Any]], *,
+                  truth: Optional[Mapping[str, Sequence[Tuple[Any, float]]]] = None,
+                  titles: Optional[Mapping[str, str]] = None,
+                  consistent: AbstractSet[str] = frozenset(),
+                  counts: AbstractSet[str] = frozenset(),
+                  bounds: Optional[Mapping[str, Tuple[float, float]]] = None,
+                  rows: Optional[List[BudgetRow]] = None,
+                  models: Optional[Mapping[str, Sequence[Any]]] = None,
+                  ylabels: Optional[Mapping[str, str]] = None, zoom: int = ZOOM_STEPS,
+                  max_streams: int = 12) -> Any:
     """A matplotlib figure: released series (whole and last ``zoom`` steps), models, budget.
 
     ``streams`` as from :func:`series_of`; ``truth`` maps a transform to
@@ -520,7 +531,7 @@ def series_figure(streams, *, truth=None, titles=None, consistent=frozenset(),
     (the zoom panel only when the series is longer than ``zoom``), per
     model stream, and the budget panel last.
     """
-    from dp_beam.mechanisms.postprocess import isotonic_increasing
+    from dp_beam.mechanisms.counting.postprocess import isotonic_increasing
 
     plt = _pyplot()
     truth, titles, bounds, ylabels = truth or {}, titles or {}, bounds or {}, ylabels or {}
@@ -567,7 +578,8 @@ def series_figure(streams, *, truth=None, titles=None, consistent=frozenset(),
     return fig
 
 
-def render_html(out_dir, png, outputs: Outputs, rows: List[BudgetRow], consistent) -> str:
+def render_html(out_dir: str, png: bytes, outputs: Outputs, rows: List[BudgetRow],
+                consistent: AbstractSet[str]) -> str:
     """A self-contained page: the series and models tables, the PNG, the budget and the ledger."""
     esc = html.escape
 
@@ -643,7 +655,7 @@ enter each total; a total the accounting cannot bound says "no bound", with the 
 """
 
 
-def parse_bounds(items) -> Dict[str, tuple]:
+def parse_bounds(items: Optional[Iterable[str]]) -> Dict[str, tuple]:
     """``["LABEL=LOWER,UPPER", ...]`` → ``{label: (lower, upper)}``; ``ValueError`` naming the item."""
     out = {}
     for item in items or ():
@@ -660,8 +672,10 @@ def parse_bounds(items) -> Dict[str, tuple]:
     return out
 
 
-def write_report(out_dir, dest=None, consistent=False, counts=None, bounds=None,
-                 max_streams=12):
+def write_report(out_dir: str, dest: Optional[str] = None, consistent: bool = False,
+                 counts: Optional[AbstractSet[str]] = None,
+                 bounds: Optional[Mapping[str, Tuple[float, float]]] = None,
+                 max_streams: int = 12) -> Tuple[str, str, List[str]]:
     """Reads ``out_dir`` and writes ``report.png`` and ``report.html`` to ``dest`` (default ``out_dir``).
 
     Returns ``(html_path, png_path, warnings)``; ``warnings`` are lines worth

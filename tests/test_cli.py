@@ -87,7 +87,7 @@ def test_report_writes_png_and_self_contained_html(run_dir, capsys):
 
 
 def test_consistent_series_are_the_isotonic_fit_of_counts_only(run_dir):
-    from dp_beam.mechanisms.postprocess import isotonic_increasing
+    from dp_beam.mechanisms.counting.postprocess import isotonic_increasing
 
     streams, _, ledger, reports, _ = report.load_outputs(str(run_dir))
     counts = report.count_like_transforms(ledger)

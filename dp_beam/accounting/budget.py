@@ -1,21 +1,11 @@
 """Privacy budgets: the limit a pipeline's composed cost is checked against."""
 
-import math
 from typing import Optional
 
 from dp_beam.accounting.relations import check_relation
+from dp_beam.mechanisms.checks import check_nonnegative
 
 __all__ = ["Budget"]
-
-
-def _check_nonnegative(name, value, allow_none=True):
-    if value is None and allow_none:
-        return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ValueError(f"{name} must be a number, got {value!r}")
-    if not math.isfinite(value) or value < 0:
-        raise ValueError(f"{name} must be finite and >= 0, got {value!r}")
-    return float(value)
 
 
 class Budget:
@@ -51,13 +41,13 @@ class Budget:
     _REL_SLACK = 1e-9
 
     def __init__(self, epsilon: Optional[float] = None, delta: float = 0.0,
-                 rho: Optional[float] = None, *, relation: Optional[str] = None):
+                 rho: Optional[float] = None, *, relation: Optional[str] = None) -> None:
         if relation is not None:
             check_relation(relation)
         self.relation = relation
-        self.epsilon = _check_nonnegative("epsilon", epsilon)
-        self.delta = _check_nonnegative("delta", delta, allow_none=False)
-        self.rho = _check_nonnegative("rho", rho)
+        self.epsilon = check_nonnegative("epsilon", epsilon, optional=True)
+        self.delta = check_nonnegative("delta", delta)
+        self.rho = check_nonnegative("rho", rho, optional=True)
         if self.epsilon is None and self.rho is None:
             raise ValueError("Budget needs epsilon or rho")
         if self.delta >= 1:
@@ -68,7 +58,8 @@ class Budget:
     def _fits(self, used, limit):
         return used <= limit * (1 + self._REL_SLACK) + 1e-15
 
-    def admits(self, epsilon, delta, rho) -> bool:
+    def admits(self, epsilon: Optional[float], delta: Optional[float],
+               rho: Optional[float]) -> bool:
         """Whether a composed cost (any part may be None = unbounded) fits."""
         if self.epsilon is not None:
             if epsilon is None or delta is None:

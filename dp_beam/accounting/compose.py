@@ -1,19 +1,19 @@
 """Composition of ledger entries into a report per privacy unit.
 
-Rules (spec withhold_release_and_composition.md §4, seed 001):
+Rules (``docs/privacy/accounting.md``; seed 001):
 
-* R2 sequential composition: transforms reading the same stream add up: ε
+* AC-2 sequential composition: transforms reading the same stream add up: ε
   and δ by basic composition, ρ exactly, and the tightest (ε, δ) at the
   budget's δ from privacy loss distributions or the zCDP conversion
   (:mod:`dp_beam.accounting.costs`).
-* R3 parallel composition: the keys of one transform partition its events by
+* AC-3 parallel composition: the keys of one transform partition its events by
   a data-independent rule applied row by row (``key_fn``); an event, and after
   contribution bounding a user's capped contributions, is split over disjoint
   keys, so the charges of one transform's keys compose to their maximum.
 * Units: an event belongs to one user, so a user-level guarantee is also an
   event-level one and the event-level total counts every transform. The
   user-level total counts user-level transforms as they are and event-level
-  transforms through group privacy (R5) over at most ``events_per_user``
+  transforms through group privacy (AC-6) over at most ``events_per_user``
   events per user: declared explicitly, or else the largest per-user cap
   the user-level transforms declare (``LedgerEntry.max_contributions``: a
   count's or sum's ``max_contributions``, a mean's ``max_samples_per_user``
@@ -21,7 +21,7 @@ Rules (spec withhold_release_and_composition.md §4, seed 001):
   assumption about the input of the event-level transforms (they do not
   enforce it), and the report's note says so. Without any declaration the
   user-level total is unbounded (``None``).
-* R4 post-processing is free: it never produces a ledger entry.
+* AC-5 post-processing is free: it never produces a ledger entry.
 * Neighbour relations (:mod:`dp_beam.accounting.relations`): every charge is
   stated for one relation (``LedgerEntry.relation``) and so is every total
   (``AccountingReport.relation``). Within a relation charges add up as above;
@@ -42,8 +42,9 @@ Rules (spec withhold_release_and_composition.md §4, seed 001):
 """
 
 from collections import OrderedDict
-from typing import Iterable, List, Optional
+from typing import Dict, Iterable, List, Optional
 
+from dp_beam.accounting.budget import Budget
 from dp_beam.accounting.costs import best_epsilon, scale
 from dp_beam.accounting.display import fmt
 from dp_beam.accounting.relations import (ADD_REMOVE, REPLACE, VALUES, check_relation, convert,
@@ -57,7 +58,7 @@ UNITS = ("event", "user")
 
 
 def per_transform(entries: Iterable[LedgerEntry]) -> "OrderedDict[str, LedgerEntry]":
-    """Maximum charge per transform over its keys (parallel composition, R3)."""
+    """Maximum charge per transform over its keys (parallel composition, AC-3)."""
     by_transform = OrderedDict()
     for e in entries:
         check_relation(e.relation, f"relation of ledger entry {e.transform!r}")
@@ -97,7 +98,7 @@ def relations_of(entries: Iterable[LedgerEntry]) -> List[str]:
     return [r for r in RELATIONS if r in present]
 
 
-def budget_relation(budget, entries: Iterable[LedgerEntry]) -> str:
+def budget_relation(budget: Optional[Budget], entries: Iterable[LedgerEntry]) -> str:
     """The relation a budget applies to: its own, else the plan's single one, else add/remove."""
     own = getattr(budget, "relation", None)
     if own is not None:
@@ -106,7 +107,7 @@ def budget_relation(budget, entries: Iterable[LedgerEntry]) -> str:
     return present[0] if len(present) == 1 else ADD_REMOVE
 
 
-def totals_of(entries: Iterable[LedgerEntry], budget=None) -> List[str]:
+def totals_of(entries: Iterable[LedgerEntry], budget: Optional[Budget] = None) -> List[str]:
     """The relations a plan's totals are stated for (see the module docstring)."""
     entries = list(entries)
     present = relations_of(entries)
@@ -141,7 +142,7 @@ def _conversion_note(converted, relation) -> str:
             "(one unit's data replaced = one removal and one addition: 2ε, (1 + e^ε)·δ, 4ρ)")
 
 
-def compose(entries: Iterable[LedgerEntry], budget=None,
+def compose(entries: Iterable[LedgerEntry], budget: Optional[Budget] = None,
             events_per_user: Optional[int] = None) -> List[AccountingReport]:
     """Compose ledger entries into reports per privacy unit and neighbour relation.
 
@@ -211,7 +212,8 @@ def compose(entries: Iterable[LedgerEntry], budget=None,
     return reports
 
 
-def group_size(entries: Iterable[LedgerEntry], events_per_user: Optional[int] = None):
+def group_size(entries: Iterable[LedgerEntry],
+               events_per_user: Optional[int] = None) -> Optional[int]:
     """Events per user that event-level charges are multiplied by in a user-level total.
 
     ``events_per_user`` when declared, else the largest ``max_contributions``
@@ -233,7 +235,7 @@ def _charges(per, unit, relation, group):
 
 
 def charges_by_transform(entries: Iterable[LedgerEntry], unit: str, relation: str,
-                         events_per_user: Optional[int] = None):
+                         events_per_user: Optional[int] = None) -> Optional[Dict[str, float]]:
     """``{transform: ε}`` as each transform enters the ``(unit, relation)`` total, or ``None``.
 
     The summands of :func:`compose`'s ``epsilon`` for that total (keys in
@@ -294,7 +296,7 @@ _REMEDY = {
 }
 
 
-def check_budget(entries: Iterable[LedgerEntry], budget,
+def check_budget(entries: Iterable[LedgerEntry], budget: Budget,
                  events_per_user: Optional[int] = None) -> List[AccountingReport]:
     """Compose a plan and raise ``ValueError`` naming the transforms if it is over budget.
 

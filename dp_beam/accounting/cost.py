@@ -29,7 +29,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from numbers import Real
-from typing import Iterator, Optional
+from typing import Iterator, Optional, Union
 
 from dp_beam.accounting.costs import scale
 
@@ -89,7 +89,7 @@ class Cost(Mapping):
         return cls(epsilon, delta, rho)
 
     @classmethod
-    def of(cls, value) -> "Cost":
+    def of(cls, value: Union["Cost", Mapping]) -> "Cost":
         """A cost from a cost or a mapping with ``epsilon`` (and optionally ``delta``, ``rho``)."""
         if isinstance(value, Cost):
             return value

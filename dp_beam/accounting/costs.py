@@ -10,8 +10,8 @@ accountants) rather than re-derived formulas:
   Gaussian charge is composed exactly (its ρ fixes its noise multiplier
   ``1/√(2ρ)``); any other charge enters as the worst-case (ε, δ)-DP pair, which
   dominates every (ε, δ)-DP mechanism, so the result holds whatever the
-  mechanism inside (spec withhold_release_and_composition.md §4 R2).
-* Group privacy and stability (spec §4 R5): a transformation that lets one
+  mechanism inside (``docs/privacy/accounting.md`` AC-2).
+* Group privacy and stability (``docs/privacy/accounting.md`` AC-6): a transformation that lets one
   record change k records, or a user with k events under an event-level
   guarantee, multiplies ε by k, δ by ``k·e^{(k−1)ε}`` and ρ by ``k²``.
 """
@@ -56,7 +56,7 @@ def _check_delta(delta):
 
 
 def scale(epsilon: float, delta: float, rho: float, k: int) -> Tuple[float, float, float]:
-    """Cost of a mechanism when one unit can change k of its records (group privacy, R5).
+    """Cost of a mechanism when one unit can change k of its records (group privacy, AC-6).
 
     >>> scale(0.5, 0.0, 0.125, 3)
     (1.5, 0.0, 1.125)
@@ -96,7 +96,8 @@ def pld_epsilon(charges: Iterable[Tuple[float, float, float, str]], delta: float
     return float(total.get_epsilon_for_delta(delta))
 
 
-def best_epsilon(charges, delta: float) -> Tuple[Optional[float], str]:
+def best_epsilon(charges: Iterable[Tuple[float, float, float, str]],
+                 delta: float) -> Tuple[Optional[float], str]:
     """The smallest valid ε at δ over basic composition, PLD and the zCDP route.
 
     Every route is an upper bound on the same composition, so their minimum is

@@ -9,6 +9,7 @@ float noise rather than a property of the plan.
 """
 
 import math
+from typing import Optional
 
 __all__ = ["DIGITS", "fmt", "rounded"]
 
@@ -17,7 +18,8 @@ __all__ = ["DIGITS", "fmt", "rounded"]
 DIGITS = 12
 
 
-def rounded(x, digits=DIGITS, scale=None):
+def rounded(x: Optional[float], digits: int = DIGITS,
+            scale: Optional[float] = None) -> Optional[float]:
     """``x`` rounded to ``digits`` significant digits (of ``scale`` when given).
 
     ``scale`` is the magnitude the number was computed against: a remaining
@@ -41,7 +43,8 @@ def rounded(x, digits=DIGITS, scale=None):
     return out + 0.0  # no "-0.0"
 
 
-def fmt(x, digits=DIGITS, scale=None, none="-"):
+def fmt(x: Optional[float], digits: int = DIGITS, scale: Optional[float] = None,
+        none: str = "-") -> str:
     """The shortest text of :func:`rounded` ``x``: ``0.6``, ``1e-06``, ``inf``; ``none`` for None.
 
     >>> fmt(0.1 + 0.5), fmt(2.0), fmt(None), fmt(float("inf")), fmt(1e-6)

@@ -77,7 +77,7 @@ _WHY_UNBOUNDED = {
 }
 
 
-def check_relation(relation, name="relation") -> str:
+def check_relation(relation: str, name: str = "relation") -> str:
     """``relation`` if it is one of :data:`~dp_beam.records.RELATIONS`, else ``ValueError``."""
     if not isinstance(relation, str) or relation not in RELATIONS:
         raise ValueError(f"{name} must be one of {RELATIONS}, got {relation!r}")

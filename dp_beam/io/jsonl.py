@@ -20,6 +20,7 @@ the transform, reason, element and event time, written in every line).
 import json
 import os
 import uuid
+from typing import Any, Optional
 
 import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
@@ -29,7 +30,7 @@ from dp_beam.records import to_json
 __all__ = ["dumps", "WriteInvalid", "WriteJsonLines", "WriteLedger", "WriteReleases"]
 
 
-def dumps(record) -> str:
+def dumps(record: Any) -> str:
     return json.dumps(to_json(record), sort_keys=False, allow_nan=False)
 
 
@@ -59,7 +60,7 @@ class _WriteBundles(beam.DoFn):
 class WriteJsonLines(beam.PTransform):
     """Writes records as JSON lines (one file in batch, one file per bundle in streaming)."""
 
-    def __init__(self, path, label=None):
+    def __init__(self, path: str, label: Optional[str] = None) -> None:
         super().__init__(label)
         if not isinstance(path, str) or not path:
             raise ValueError(f"path must be a non-empty string, got {path!r}")

@@ -1,6 +1,6 @@
 """Engine-free differential-privacy mechanisms (NumPy/SciPy/OpenDP only, no Beam).
 
-See DESIGN "Layers": each mechanism has explicit, serialisable state, a
+See ``docs/design.md`` D1.1: each mechanism has explicit, serialisable state, a
 ``step`` that consumes one time step and returns one release, and public
 methods stating its noise and privacy cost.
 """
@@ -22,7 +22,7 @@ from .noise import (
     laplace_sum_halfwidth,
     make_noise,
 )
-from .tree import BinaryTreeMechanism
+from .counting import BinaryTreeMechanism
 
 __all__ = [
     "BinaryTreeMechanism",
@@ -42,12 +42,17 @@ __all__ = [
 ]
 
 # Near-optimal continual counting: factorisation mechanisms with the tree's interface.
-from .blt import BLTMechanism
-from .factorisation import prefix_sum_lower_bound
-from .honaker import HonakerTreeMechanism
-from .registry import MECHANISMS, get_mechanism, participation_norm, participation_sensitivity
-from .smooth_binary import SmoothBinaryMechanism
-from .toeplitz import SqrtToeplitzMechanism
+from .counting import (
+    MECHANISMS,
+    BLTMechanism,
+    HonakerTreeMechanism,
+    SmoothBinaryMechanism,
+    SqrtToeplitzMechanism,
+    get_mechanism,
+    participation_norm,
+    participation_sensitivity,
+    prefix_sum_lower_bound,
+)
 
 __all__ += [
     "HonakerTreeMechanism",
@@ -72,7 +77,8 @@ __all__ += [
 
 # Keyed noise: the same secret key and draw identity give the same exact,
 # grid-valued noise in every process, so retried bundles re-release, not redraw.
-from .noise_key import KeyedNoise, NoiseKey, grid_exponent, round_to_grid
+from .noise_grid import grid_exponent, round_to_grid
+from .noise_key import KeyedNoise, NoiseKey
 
 __all__ += [
     "NoiseKey",

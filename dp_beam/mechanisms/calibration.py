@@ -1,7 +1,8 @@
 """Privacy calibration: noise scales from privacy parameters and conversions.
 
-Spec withhold_release_and_composition.md §1.2 (noise calibration) and the
-accountant's conversions (pure ε ⇒ ε²/2-zCDP; ρ-zCDP ⇒ (ε, δ)-DP).
+Noise calibration is ``docs/privacy/counting.md`` C-4 and C-5; the
+accountant's conversions (pure ε ⇒ ε²/2-zCDP; ρ-zCDP ⇒ (ε, δ)-DP) are
+``docs/privacy/accounting.md`` AC-8.
 """
 
 import math
@@ -18,7 +19,7 @@ __all__ = [
     "rho_from_eps",
 ]
 
-#: How an (ε, δ) target is turned into a Gaussian σ (spec §1.2 options (a) and (c)).
+#: How an (ε, δ) target is turned into a Gaussian σ (counting.md C-5).
 CALIBRATIONS = ("zcdp", "analytic")
 
 
@@ -52,11 +53,11 @@ def _delta(value):
     return value
 
 
-def rho_from_eps_delta(epsilon, delta):
+def rho_from_eps_delta(epsilon: float, delta: float) -> float:
     """Largest ρ whose zCDP guarantee implies (ε, δ)-DP by the simple conversion.
 
-    Solves ``ρ + 2√(ρ ln(1/δ)) = ε`` (spec withhold_release_and_composition.md
-    §1.2 (a)): with L = ln(1/δ) it is a quadratic in √ρ whose positive root is
+    Solves ``ρ + 2√(ρ ln(1/δ)) = ε`` (counting.md C-5,
+    accounting.md AC-8): with L = ln(1/δ) it is a quadratic in √ρ whose positive root is
     ``√ρ = √(L + ε) − √L``. Computed as ``ε / (√(L+ε) + √L)`` to avoid the
     cancellation of the difference form when ε ≪ L.
     """
@@ -67,11 +68,10 @@ def rho_from_eps_delta(epsilon, delta):
     return root * root
 
 
-def eps_from_rho_delta(rho, delta):
+def eps_from_rho_delta(rho: float, delta: float) -> float:
     """ε with ρ-zCDP ⇒ (ε, δ)-DP: ``ε = ρ + 2√(ρ ln(1/δ))`` (Bun–Steinke 2016, Prop. 1.3).
 
-    This is the simple conversion (spec withhold_release_and_composition.md
-    §1.2 (a)); tighter ones exist, so the ε it reports is conservative (never
+    This is the simple conversion (accounting.md AC-8); tighter ones exist, so the ε it reports is conservative (never
     smaller than the truth). It is the exact inverse of :func:`rho_from_eps_delta`.
     """
     rho = _nonnegative("rho", rho)
@@ -79,16 +79,16 @@ def eps_from_rho_delta(rho, delta):
     return rho + 2.0 * math.sqrt(rho * math.log(1.0 / delta))
 
 
-def rho_from_eps(epsilon):
-    """zCDP parameter ``ε²/2`` implied by pure ε-DP (Bun–Steinke 2016, Prop. 1.4; spec §1.2)."""
+def rho_from_eps(epsilon: float) -> float:
+    """zCDP parameter ``ε²/2`` implied by pure ε-DP (Bun–Steinke 2016, Prop. 1.4; AC-8)."""
     epsilon = _nonnegative("epsilon", epsilon)
     return 0.5 * epsilon * epsilon
 
 
-def laplace_scale(l1_sensitivity, epsilon):
+def laplace_scale(l1_sensitivity: float, epsilon: float) -> float:
     """Laplace scale ``b = Δ1/ε`` for pure ε-DP of a query with L1 sensitivity Δ1.
 
-    Spec withhold_release_and_composition.md §1.2 (Laplace) and §4 R6: i.i.d.
+    ``docs/privacy/counting.md`` C-4: i.i.d.
     ``Lap(Δ1/ε)`` per coordinate of a vector whose L1 sensitivity is Δ1.
     """
     l1_sensitivity = _nonnegative("l1_sensitivity", l1_sensitivity)
@@ -96,15 +96,16 @@ def laplace_scale(l1_sensitivity, epsilon):
     return l1_sensitivity / epsilon
 
 
-def gaussian_sigma(l2_sensitivity, epsilon, delta, calibration="zcdp"):
+def gaussian_sigma(l2_sensitivity: float, epsilon: float, delta: float,
+                   calibration: str = "zcdp") -> float:
     """σ of i.i.d. Gaussian noise giving (ε, δ)-DP to a query with L2 sensitivity Δ2.
 
-    Spec withhold_release_and_composition.md §1.2 "Gaussian, (ε,δ)-DP":
+    The two calibrations of ``docs/privacy/counting.md`` C-5:
 
-    * ``"zcdp"`` — option (a): ``σ = Δ2/√(2ρ)`` with ``ρ = rho_from_eps_delta(ε, δ)``.
+    * ``"zcdp"``: ``σ = Δ2/√(2ρ)`` with ``ρ = rho_from_eps_delta(ε, δ)``.
       The mechanism is then ρ-zCDP, which composes additively, and (ε, δ)-DP
       by the simple conversion.
-    * ``"analytic"`` — option (c): the smallest σ for which the Gaussian
+    * ``"analytic"``: the smallest σ for which the Gaussian
       mechanism is exactly (ε, δ)-DP (Balle–Wang 2018), from
       ``dp_accounting.get_sigma_gaussian`` (stated for sensitivity 1, hence
       scaled by Δ2). Smaller noise, but zCDP composition then has to use the

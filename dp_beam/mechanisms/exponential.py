@@ -1,6 +1,6 @@
 """The exponential mechanism over a finite candidate set, one sampler per noise source.
 
-Algorithm 7 of seed 003 (spec withhold_release_and_composition.md §2.8) picks
+Algorithm 7 of seed 003 (``docs/privacy/mean.md`` M-6) picks
 its private median with it, and the growing-database boxes of seed 000 pick
 candidates with it, so it lives apart from either. The candidates are
 indexed; the caller supplies their costs (lower is better) and the cost
@@ -10,16 +10,18 @@ sensitivity.
 from fractions import Fraction
 
 import numpy as np
+from numpy.typing import ArrayLike
 
-from .noise import SecureNoise, SeededNoise, ZeroNoise
+from .noise import NoiseSource, SecureNoise, SeededNoise, ZeroNoise
 
 __all__ = ["exponential_mechanism"]
 
 
-def exponential_mechanism(cost, epsilon, sensitivity, source):
+def exponential_mechanism(cost: ArrayLike, epsilon: float, sensitivity: float,
+                          source: NoiseSource) -> int:
     """Index of a candidate sampled with ``P(i) ∝ exp(−ε·cost_i/(2·sensitivity))``; ε-DP.
 
-    The sampler follows the noise source (DESIGN "Noise and randomness"):
+    The sampler follows the noise source (``docs/design.md`` D5):
     :class:`~dp_beam.mechanisms.noise_key.KeyedNoise` (the transforms'
     production source) samples the softmax pmf exactly with keyed coins
     (:meth:`~dp_beam.mechanisms.noise_key.KeyedNoise.exponential_choice`);

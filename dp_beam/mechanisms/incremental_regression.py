@@ -2,9 +2,9 @@
 
 Re-exports :mod:`dp_beam.mechanisms.regression` (split into modules of at
 most 600 lines): PrivIncReg1 and PrivIncReg2 of Kasiviswanathan, Nissim, Jin,
-*Private Incremental Regression* (``shared/seeds/002_e2567d933c03fbbd.txt``),
+*Private Incremental Regression* (arXiv:1701.01093),
 PrivIncERM, the constraint sets and the solvers, as specified in
-``shared/spec/private_erm_and_incremental_regression.md`` §2–4.
+``docs/privacy/regression.md``.
 
 Example (a test seed; production leaves ``rng=None``):
 

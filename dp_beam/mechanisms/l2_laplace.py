@@ -1,6 +1,6 @@
 """The L2-Laplace distribution: noise with density ∝ exp(−‖ν‖₂/scale).
 
-Spec private_erm_and_incremental_regression.md §1.1 and §5.1 (seed 004:
+``docs/privacy/erm.md`` E-4 (seed 004:
 Watson et al., *Continual and Sliding Window Release for Private ERM*, Lemma
 A.1): adding this noise with ``scale = Δ₂/ε`` to a function of L2 sensitivity
 Δ₂ is ε-DP. Output perturbation of private ERM
@@ -13,6 +13,8 @@ import math
 import numbers
 
 import numpy as np
+
+from .noise import NoiseSource
 
 __all__ = ["l2_laplace_noise"]
 
@@ -32,8 +34,8 @@ def _check(scale, dim):
     return scale, int(dim)
 
 
-def l2_laplace_noise(source, scale, dim):
-    """Draw ν ∈ R^dim with density ∝ exp(−‖ν‖₂/scale) (spec §1.1, §5.1).
+def l2_laplace_noise(source: NoiseSource, scale: float, dim: int) -> np.ndarray:
+    """Draw ν ∈ R^dim with density ∝ exp(−‖ν‖₂/scale) (erm.md E-4).
 
     ν = R·U with R ~ Gamma(dim, scale) and U uniform on the unit sphere,
     independent. Why this is exact: in polar coordinates the density of ν at

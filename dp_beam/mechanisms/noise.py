@@ -2,8 +2,8 @@
 
 Every mechanism in :mod:`dp_beam.mechanisms` draws its randomness through a
 :class:`NoiseSource`, so production code and tests differ only in the source
-that is injected (spec withhold_release_and_composition.md §1.1: the noise of
-a node is drawn once, at creation, from an injected source; BM-4).
+that is injected (``docs/privacy/counting.md`` C-4: the noise of a node is
+drawn once, at creation, from an injected source; ``docs/design.md`` D5).
 
 * :class:`~dp_beam.mechanisms.noise_key.KeyedNoise` (module ``noise_key``)
   is the production source and the default (``rng=None``, with a fresh key
@@ -26,14 +26,17 @@ a node is drawn once, at creation, from an injected source; BM-4).
 import functools
 import math
 import numbers
+from typing import List, Optional, Union
 
 import numpy as np
+from numpy.typing import ArrayLike
 from scipy import integrate, optimize, stats
 
 from .checks import check_scale, check_size
 
 __all__ = [
     "NoiseSource",
+    "RngLike",
     "SecureNoise",
     "SeededNoise",
     "ZeroNoise",
@@ -48,7 +51,7 @@ class NoiseSource:
 
     ``laplace(scale, size)`` returns ``size`` independent draws of
     ``Lap(scale)`` (density ``exp(-|z|/scale)/(2 scale)``, variance
-    ``2 scale²``, spec §0.2) and ``gaussian(sigma, size)`` independent draws of
+    ``2 scale²``) and ``gaussian(sigma, size)`` independent draws of
     ``N(0, sigma²)``; both as float64 arrays of shape ``(size,)``. A scale of 0
     yields zeros. ``secure`` tells whether the source is fit for production.
     """
@@ -60,7 +63,7 @@ class NoiseSource:
     #: a function of the discrete mechanism's integer output alone.
     exact_grid = False
 
-    def integer_noise(self, kind, scale, exponent, size):
+    def integer_noise(self, kind: str, scale: float, exponent: int, size: int) -> List[int]:
         """``size`` Python ints Z with ``Z·2^exponent`` distributed as noise of ``scale``.
 
         ``kind`` is ``"laplace"`` or ``"gaussian"``. For the mechanisms that
@@ -77,14 +80,14 @@ class NoiseSource:
         # ldexp scales by a power of two exactly; round() is half to even.
         return [int(round(math.ldexp(float(v), -exponent))) for v in values]
 
-    def laplace(self, scale, size):
+    def laplace(self, scale: float, size: int) -> np.ndarray:
         scale = check_scale("scale", scale)
         size = check_size(size)
         if scale == 0.0 or size == 0:
             return np.zeros(size, dtype=np.float64)
         return np.asarray(self._laplace(scale, size), dtype=np.float64).reshape(size)
 
-    def gaussian(self, sigma, size):
+    def gaussian(self, sigma: float, size: int) -> np.ndarray:
         sigma = check_scale("sigma", sigma)
         size = check_size(size)
         if sigma == 0.0 or size == 0:
@@ -98,14 +101,20 @@ class NoiseSource:
         raise NotImplementedError(f"{type(self).__name__} does not implement _gaussian")
 
 
+#: What a public ``rng`` argument accepts (see :func:`make_noise`): ``None``
+#: for production noise, an int seed or a ``numpy.random.Generator`` for the
+#: test-only :class:`SeededNoise`, or a :class:`NoiseSource` used as is.
+RngLike = Optional[Union[int, np.random.Generator, NoiseSource]]
+
+
 class SecureNoise(NoiseSource):
     """Production noise: OpenDP's floating-point-safe Laplace and Gaussian samplers.
 
     Each draw runs an OpenDP vector Laplace/Gaussian measurement on a zero
     vector, which returns pure noise. OpenDP samples from the OS CSPRNG and
     rounds on a power-of-two grid, which defeats the floating-point attack of
-    Mironov (2012) that textbook ``inverse-CDF`` samplers are open to (DESIGN
-    "Noise and randomness"). The seed of the stream is never observable, so
+    Mironov (2012) that textbook ``inverse-CDF`` samplers are open to
+    (``docs/design.md`` D5). The seed of the stream is never observable, so
     there is nothing to reproduce or to leak.
 
     Built measurements are cached per ``(kind, scale, size)`` because a
@@ -125,7 +134,7 @@ class SecureNoise(NoiseSource):
     _CACHE_LIMIT = 64
     POOL = 256
 
-    def __init__(self):
+    def __init__(self) -> None:
         self._cache = {}
         self._pool = {}
 
@@ -191,7 +200,7 @@ class SeededNoise(NoiseSource):
 
     secure = False
 
-    def __init__(self, seed_or_generator):
+    def __init__(self, seed_or_generator: Union[int, np.random.Generator]) -> None:
         if isinstance(seed_or_generator, np.random.Generator):
             self.generator = seed_or_generator
         elif isinstance(seed_or_generator, numbers.Integral) and not isinstance(
@@ -215,8 +224,8 @@ class ZeroNoise(NoiseSource):
     """TEST ONLY: noise switched off. NEVER PRIVATE.
 
     Every draw is exactly 0, so a mechanism releases its exact statistic. It
-    exists to test exactness of the non-random part of a mechanism (e.g. BM-1,
-    spec withhold_release_and_composition.md §5).
+    exists to test exactness of the non-random part of a mechanism (e.g. the
+    exact prefix sums of ``docs/privacy/counting.md`` C-7).
     """
 
     secure = False
@@ -228,7 +237,7 @@ class ZeroNoise(NoiseSource):
         return np.zeros(size, dtype=np.float64)
 
 
-def make_noise(rng):
+def make_noise(rng: RngLike) -> NoiseSource:
     """Resolve the public ``rng`` argument into a :class:`NoiseSource`.
 
     ``None`` means production noise: a
@@ -236,8 +245,8 @@ def make_noise(rng):
     key from the OS (so two mechanisms never share noise, and a mechanism is
     exact on its noise grid); an int seed or a
     ``numpy.random.Generator`` means the test-only :class:`SeededNoise`; a
-    :class:`NoiseSource` is used as is (DESIGN "Public API", "Noise and
-    randomness"). A bool is refused although it is an int, because
+    :class:`NoiseSource` is used as is (``docs/design.md`` D1,
+    D5). A bool is refused although it is an int, because
     ``rng=True`` is far more likely a mistake than the seed 1.
     """
     if rng is None:
@@ -305,13 +314,13 @@ def _normalised_halfwidth(scales, level):
     )
 
 
-def laplace_sum_halfwidth(scales, level=0.95):
+def laplace_sum_halfwidth(scales: ArrayLike, level: float = 0.95) -> float:
     """Exact half-width of the central ``level`` interval of a sum of Laplaces.
 
     Returns the x with ``P(|Σ Z_i| <= x) = level`` for independent
-    ``Z_i ~ Lap(scales[i])``, the noise of a binary-mechanism release (spec
-    withhold_release_and_composition.md §1.3). Unlike the CSS10 tail bound of
-    §1.3 this is exact, so the interval has the stated coverage and no more.
+    ``Z_i ~ Lap(scales[i])``, the noise of a binary-mechanism release
+    (``docs/privacy/counting.md`` C-7). Unlike the tail bound of CSS10
+    (Chan, Shi and Song 2010) this is exact, so the interval has the stated coverage and no more.
 
     The distribution function is computed from the characteristic function by
     numerical integration (see ``_sum_cdf_abs``) and inverted with Brent's
@@ -338,11 +347,11 @@ def laplace_sum_halfwidth(scales, level=0.95):
     return bmax * _normalised_halfwidth(key, level)
 
 
-def gaussian_halfwidth(std, level=0.95):
+def gaussian_halfwidth(std: float, level: float = 0.95) -> float:
     """Half-width ``std·Φ⁻¹((1+level)/2)`` of the central ``level`` interval of N(0, std²).
 
     The noise of a Gaussian binary-mechanism release is Gaussian (a sum of
-    independent normals), so this is exact (spec withhold_release_and_composition.md §1.3).
+    independent normals), so this is exact (``docs/privacy/counting.md`` C-7).
     """
     level = _check_level(level)
     std = check_scale("std", std)

@@ -15,19 +15,13 @@ Layers, bottom up:
 * :class:`NoiseKey` — the secret; :meth:`NoiseKey.stream` turns it and an
   identity into a :class:`BitStream`, keyed BLAKE2b in counter mode
   (block i = BLAKE2b_K(encode_identity(identity) ‖ i), see :func:`encode_identity`).
-* Exact samplers of Canonne, Kamath & Steinke (2020), "The Discrete Gaussian
-  for Differential Privacy", Algorithms 1–3, in integer and
-  :class:`~fractions.Fraction` arithmetic driven by the bit stream:
-  :func:`sample_bernoulli_exp`, :func:`sample_discrete_laplace`,
-  :func:`sample_discrete_gaussian`. No floating point enters a sampler.
-* The grid: noise of scale b is released as ``Z·2^k`` with
-  ``k = grid_exponent(b) = floor(log2 b) − GRID_PRECISION`` and Z an exact
-  discrete Laplace (or Gaussian) integer of scale ``b/2^k`` ∈ [2^30, 2^31)
-  (:func:`grid_laplace`, :func:`grid_gaussian`). A caller that adds it to
-  :func:`round_to_grid` of its statistic gets a float that is a function of
-  the integer ``R + Z`` alone, so the guarantee of the discrete mechanism
-  covers the released float (Mironov 2012's attack has no low-order bits to
-  read).
+* Exact samplers of Canonne, Kamath & Steinke (2020), Algorithms 1–3,
+  driven by the bit stream (:mod:`dp_beam.mechanisms.exact_samplers`). No
+  floating point enters a sampler.
+* The grid (:mod:`dp_beam.mechanisms.noise_grid`): noise of scale b is
+  released as ``Z·2^k`` with Z an exact discrete Laplace (or Gaussian)
+  integer, ``k = grid_exponent(b)``, and added to the statistic rounded to
+  the same grid.
 * :class:`KeyedNoise` — a :class:`~dp_beam.mechanisms.noise.NoiseSource`
   that a mechanism can use in place of ``SecureNoise``.
 
@@ -45,41 +39,28 @@ the enlarged sensitivity.
 
 import base64
 import binascii
-import functools
 import hashlib
 import hmac
-import math
 import numbers
 import os
 import re
 import secrets
 import struct
-from fractions import Fraction
+from typing import Any, List, Sequence, Union
 
 import numpy as np
 
 from .checks import check_scale, check_size
+from .exact_samplers import (BitStream, bernoulli_exp, discrete_gaussian, discrete_laplace,
+                             exact_rational)
 from .noise import NoiseSource
+from .noise_grid import grid_gaussian, grid_laplace, integer_ratio
 
 __all__ = [
     "NoiseKey",
-    "BitStream",
     "KeyedNoise",
     "encode_identity",
-    "sample_bernoulli_exp",
-    "sample_discrete_laplace",
-    "sample_discrete_gaussian",
-    "GRID_PRECISION",
-    "grid_exponent",
-    "round_to_grid",
-    "grid_laplace",
-    "grid_gaussian",
-    "grid_padded_scale",
 ]
-
-#: G: the grid of noise of scale b is 2^k with k = floor(log2 b) − G, so its
-#: spacing is at most b·2^−G and the integer noise has scale in [2^G, 2^(G+1)).
-GRID_PRECISION = 30
 
 # Personalisation strings (BLAKE2b's built-in domain separation, <= 16 bytes):
 # the noise streams, the public fingerprint and the compression of long keys
@@ -90,12 +71,8 @@ _PERSON_LONG_KEY = b"dp_beam.lkey.v1"
 
 _KEY_BYTES = 32
 _BLAKE2B_MAX_KEY = 64
+# One block of a stream: a BLAKE2b-512 digest.
 _BLOCK_BYTES = 64
-_BLOCK_BITS = 8 * _BLOCK_BYTES
-# Smallest exponent of a float64 bit: below it Z·2^k would not be exact.
-_MIN_EXPONENT = -1074
-# Integers of magnitude <= 2^53 are exact in float64.
-_EXACT_INT = 1 << 53
 
 
 # -- the key -------------------------------------------------------------------
@@ -202,17 +179,17 @@ class NoiseKey:
         self._key = key_bytes
 
     @classmethod
-    def generate(cls):
+    def generate(cls) -> "NoiseKey":
         """A fresh key of 32 bytes from the operating system's CSPRNG."""
         return cls(secrets.token_bytes(_KEY_BYTES))
 
     @classmethod
-    def from_bytes(cls, key_bytes):
+    def from_bytes(cls, key_bytes: bytes) -> "NoiseKey":
         """The key with these raw bytes (at least 32)."""
         return cls(key_bytes)
 
     @classmethod
-    def from_env(cls, name):
+    def from_env(cls, name: str) -> "NoiseKey":
         """The key written as hex or base64 text in environment variable ``name``.
 
         Whitespace is ignored; text made only of hex digits (even length) is
@@ -226,7 +203,7 @@ class NoiseKey:
         return cls(_parse_key_text(text, f"environment variable {name!r}"))
 
     @classmethod
-    def from_file(cls, path):
+    def from_file(cls, path: Union[str, os.PathLike]) -> "NoiseKey":
         """The key stored in file ``path``: hex or base64 text, or raw bytes.
 
         A file whose content is printable ASCII and whitespace is text and
@@ -250,15 +227,15 @@ class NoiseKey:
             raise ValueError(f"{err} (raw key file {os.fspath(path)!r})") from None
 
     @property
-    def fingerprint(self):
+    def fingerprint(self) -> str:
         """8 hex digits identifying the key; a hash under its own domain, not part of the noise."""
         return hashlib.blake2b(b"", key=self._key, digest_size=4, person=_PERSON_FINGERPRINT).hexdigest()
 
-    def secret_hex(self):
+    def secret_hex(self) -> str:
         """The key bytes as hex text, to store it in a secret manager. Reveals the secret."""
         return self._key.hex()
 
-    def stream(self, *identity):
+    def stream(self, *identity: Any) -> BitStream:
         """The :class:`BitStream` of the draw named by the public labels ``identity``.
 
         Labels are str, bytes, int, float, bool, None, or tuples/lists of them
@@ -334,7 +311,7 @@ def _encode_label(value, out):
         )
 
 
-def encode_identity(identity):
+def encode_identity(identity: tuple) -> bytes:
     """Canonical bytes of a draw identity (a tuple of public labels).
 
     Tag-and-length encoding, independent of the Python version, hash seed
@@ -357,353 +334,6 @@ def encode_identity(identity):
     out = []
     _encode_label(identity, out)
     return b"".join(out)
-
-
-class BitStream:
-    """A deterministic stream of cryptographically random bits (one draw identity).
-
-    The stream is ``B_0 ‖ B_1 ‖ …`` with ``B_i = BLAKE2b-512(key=K,
-    person="dp_beam.noise.v1", data=encode_identity(identity) ‖ i)``, i an
-    8-byte big-endian counter, read as one big-endian bit string. Keyed
-    BLAKE2b is a PRF, so without K the bits are indistinguishable from
-    uniform, and distinct identities give independent-looking streams.
-    Obtain streams from :meth:`NoiseKey.stream`; a stream is consumed as it
-    is read and is not picklable (it holds a hash state).
-
-    >>> s = NoiseKey.from_bytes(bytes(32)).stream("demo")
-    >>> first = s.randbytes(64)          # exactly block 0
-    >>> s.randbelow(10) in range(10), 0 <= s.randbits(5) < 32
-    (True, True)
-    """
-
-    __slots__ = ("_hasher", "_block", "_pool", "_available")
-
-    def __init__(self, prefix_hasher):
-        self._hasher = prefix_hasher
-        self._block = 0
-        self._pool = 0
-        self._available = 0
-
-    def _refill(self, bits):
-        while self._available < bits:
-            block = self._hasher.copy()
-            block.update(self._block.to_bytes(8, "big"))
-            self._block += 1
-            self._pool = (self._pool << _BLOCK_BITS) | int.from_bytes(block.digest(), "big")
-            self._available += _BLOCK_BITS
-
-    def randbits(self, k):
-        """The next k bits as an int in [0, 2^k) (big-endian: earlier bits are higher)."""
-        if k <= 0:
-            if k == 0:
-                return 0
-            raise ValueError(f"k must be >= 0, got {k!r}")
-        if self._available < k:
-            self._refill(k)
-        self._available -= k
-        value = self._pool >> self._available
-        self._pool &= (1 << self._available) - 1
-        return value
-
-    def randbytes(self, n):
-        """The next n bytes of the stream."""
-        return self.randbits(8 * n).to_bytes(n, "big")
-
-    def randbelow(self, n):
-        """A uniform int in [0, n), by rejection of bit-length draws (no modulo bias)."""
-        if n <= 0:
-            raise ValueError(f"n must be >= 1, got {n!r}")
-        k = (n - 1).bit_length()
-        # Each try succeeds with probability n/2^k > 1/2.
-        while True:
-            value = self.randbits(k)
-            if value < n:
-                return value
-
-
-# -- exact samplers (Canonne, Kamath & Steinke 2020) ---------------------------
-
-
-def _bernoulli_exp_at_most_one(stream, num, den):
-    """Bernoulli(exp(−num/den)) for 0 <= num <= den: CKS20 Algorithm 1, γ ∈ [0, 1].
-
-    Draw A_k ~ Bernoulli(γ/k) for k = 1, 2, … until the first A_k = 0 and
-    return whether that k is odd: P(first zero at k) = γ^(k−1)/(k−1)! −
-    γ^k/k!, which summed over odd k is the series of exp(−γ).
-    """
-    k = 1
-    while stream.randbelow(den * k) < num:
-        k += 1
-    return k & 1 == 1
-
-
-def _bernoulli_exp(stream, num, den):
-    """Bernoulli(exp(−num/den)) for num >= 0, den >= 1 (CKS20 Algorithm 1)."""
-    whole, num = divmod(num, den)
-    # exp(−γ) = exp(−1)^⌊γ⌋ · exp(−(γ − ⌊γ⌋)): one failure decides.
-    for _ in range(whole):
-        if not _bernoulli_exp_at_most_one(stream, 1, 1):
-            return False
-    return _bernoulli_exp_at_most_one(stream, num, den)
-
-
-def _discrete_laplace(stream, t, s):
-    """Z with P(Z = z) ∝ exp(−|z|·s/t) for ints t, s >= 1 (CKS20 Algorithm 2)."""
-    while True:
-        u = stream.randbelow(t)
-        # Accepting u with probability exp(−u/t) and adding t·V with V
-        # geometric (success 1 − e^−1) makes X = u + t·V geometric with
-        # P(X = x) ∝ exp(−x/t); then ⌊X/s⌋ is geometric with ratio exp(−s/t).
-        if not _bernoulli_exp_at_most_one(stream, u, t):
-            continue
-        v = 0
-        while _bernoulli_exp_at_most_one(stream, 1, 1):
-            v += 1
-        y = (u + t * v) // s
-        negative = stream.randbits(1)
-        # A zero would be reached from both signs; rejecting one of them
-        # gives 0 the same weight as every other magnitude.
-        if negative and y == 0:
-            continue
-        return -y if negative else y
-
-
-def _discrete_gaussian(stream, p, q):
-    """Z with P(Z = z) ∝ exp(−z²/(2σ²)) for σ² = p/q, ints p, q >= 1 (CKS20 Algorithm 3)."""
-    # t = ⌊σ⌋ + 1, exactly: ⌊√x⌋ = isqrt(⌊x⌋) for x >= 0.
-    t = math.isqrt(p // q) + 1
-    # Accept Y ~ DLap(t) with probability exp(−(|Y| − σ²/t)²/(2σ²)); over a
-    # common denominator γ = (|Y|·q·t − p)² / (2·p·q·t²), all integers.
-    den = 2 * p * q * t * t
-    qt = q * t
-    while True:
-        y = _discrete_laplace(stream, t, 1)
-        diff = abs(y) * qt - p
-        if _bernoulli_exp(stream, diff * diff, den):
-            return y
-
-
-def _fraction(name, value, positive):
-    if isinstance(value, bool) or not isinstance(value, (numbers.Rational, float)):
-        raise ValueError(f"{name} must be an int, Fraction or float, got {value!r}")
-    if isinstance(value, float) and not math.isfinite(value):
-        raise ValueError(f"{name} must be finite, got {value!r}")
-    # Floats are dyadic rationals, so this conversion is exact.
-    value = Fraction(value)
-    if value < 0 or (positive and value == 0):
-        raise ValueError(f"{name} must be {'> 0' if positive else '>= 0'}, got {value!r}")
-    return value
-
-
-def sample_bernoulli_exp(stream, gamma):
-    """True with probability exactly ``exp(−gamma)``, for rational gamma >= 0.
-
-    >>> s = NoiseKey.from_bytes(bytes(32)).stream("doc", "bern")
-    >>> sample_bernoulli_exp(s, 0)
-    True
-    >>> isinstance(sample_bernoulli_exp(s, Fraction(3, 2)), bool)
-    True
-    """
-    gamma = _fraction("gamma", gamma, positive=False)
-    return _bernoulli_exp(stream, gamma.numerator, gamma.denominator)
-
-
-def sample_discrete_laplace(stream, scale):
-    """An int Z with ``P(Z = z) ∝ exp(−|z|/scale)``, for rational scale > 0.
-
-    The discrete Laplace of CKS20 (Algorithm 2, scale ``t/s``); its variance
-    is ``2e^(−1/scale)/(1 − e^(−1/scale))²`` (≈ 2·scale² for large scales).
-
-    >>> s = NoiseKey.from_bytes(bytes(32)).stream("doc", "dlap")
-    >>> isinstance(sample_discrete_laplace(s, Fraction(7, 2)), int)
-    True
-    """
-    scale = _fraction("scale", scale, positive=True)
-    return _discrete_laplace(stream, scale.numerator, scale.denominator)
-
-
-def sample_discrete_gaussian(stream, sigma_squared):
-    """An int Z with ``P(Z = z) ∝ exp(−z²/(2·sigma_squared))``, for rational sigma_squared > 0.
-
-    The discrete Gaussian of CKS20 (Algorithm 3); its variance is below
-    ``sigma_squared`` and within ``e^(−2π²σ²)``-small terms of it for σ >= 1.
-
-    >>> s = NoiseKey.from_bytes(bytes(32)).stream("doc", "dgauss")
-    >>> isinstance(sample_discrete_gaussian(s, Fraction(9, 4)), int)
-    True
-    """
-    sigma_squared = _fraction("sigma_squared", sigma_squared, positive=True)
-    return _discrete_gaussian(stream, sigma_squared.numerator, sigma_squared.denominator)
-
-
-# -- the grid ------------------------------------------------------------------
-
-
-def _positive_float(name, value):
-    value = check_scale(name, value)
-    if value == 0.0:
-        raise ValueError(f"{name} must be > 0, got {value!r}")
-    return value
-
-
-def grid_exponent(scale):
-    """The exponent k of the grid 2^k on which noise of this scale lives.
-
-    ``k = floor(log2 scale) − GRID_PRECISION`` (computed exactly from the
-    float's exponent), so ``scale/2^k`` ∈ [2^30, 2^31); it is raised to
-    −1074, float64's smallest bit, for scales below 2^−1044. The grid is a
-    public function of the public scale.
-
-    >>> grid_exponent(1.0), grid_exponent(1.5), grid_exponent(0.75), grid_exponent(1000.0)
-    (-30, -30, -31, -21)
-    """
-    scale = _positive_float("scale", scale)
-    # frexp gives scale = m·2^e with m ∈ [0.5, 1), so floor(log2 scale) = e − 1.
-    return max(math.frexp(scale)[1] - 1 - GRID_PRECISION, _MIN_EXPONENT)
-
-
-def _round_scalar(x, k):
-    x = float(x)
-    if not math.isfinite(x):
-        raise ValueError(f"x must be finite, got {x!r}")
-    # Exact: scaling by a power of two is exact unless it overflows or falls
-    # below 2^-1022 (then |y| < 1/2, which rounds to 0 either way); round() of
-    # a float is exact, half to even. If |x| >= 2^(53+k) (an overflow
-    # included), x is already a multiple of 2^k.
-    try:
-        y = math.ldexp(x, -k)
-    except OverflowError:
-        return x
-    r = round(y)
-    if abs(r) > _EXACT_INT:
-        return x
-    return math.ldexp(float(r), k)
-
-
-def round_to_grid(x, scale):
-    """x rounded (half to even, exactly) to the grid 2^k of noise of this scale.
-
-    Returns a float for a scalar x and a float64 array of x's shape
-    otherwise. Add noise of the same scale from :func:`grid_laplace`,
-    :func:`grid_gaussian` or :class:`KeyedNoise`: both are multiples of 2^k,
-    so ``round_to_grid(x, b) + noise`` is exact whenever
-    ``|round_to_grid(x, b) + noise| <= 2^(53+k)`` (at least ``2^22·b`` for
-    G = 30: e.g. statistics up to ~4·10^6 at b = 1). Beyond it IEEE-754
-    addition rounds the exact sum ``(R + Z)·2^k`` correctly, which is still a
-    function of ``R + Z`` alone, so the released float stays post-processing
-    of the discrete mechanism; only low-order bits are lost.
-
-    >>> round_to_grid(0.1, 1.0) == 107374182 / 2**30
-    True
-    >>> round_to_grid(2.0**-31, 1.0), round_to_grid(3 * 2.0**-31, 1.0) == 2.0**-29   # ties to even
-    (0.0, True)
-    >>> round_to_grid([1e9, -0.5], 1.0).tolist()
-    [1000000000.0, -0.5]
-    """
-    k = grid_exponent(scale)
-    if np.ndim(x) == 0:
-        return _round_scalar(x, k)
-    if type(x) is np.ndarray and x.shape == (1,):
-        # A scalar mechanism's node: the same rounding without the array round trip.
-        return np.array([_round_scalar(x[0], k)])
-    values = np.asarray(x, dtype=np.float64)
-    return np.array([_round_scalar(v, k) for v in values.ravel()], dtype=np.float64).reshape(values.shape)
-
-
-def _to_grid_float(z, k):
-    # |Z| <= 2^53 and k >= −1074 make Z·2^k exact; the integer scale is below
-    # 2^31, so |Z| > 2^53 has probability below exp(−2^22) (Laplace) or
-    # exp(−2^43) (Gaussian). The check is on the noise alone, independent of
-    # the data, so refusing it reveals nothing (resampling would truncate
-    # the law instead).
-    if abs(z) > _EXACT_INT:
-        raise OverflowError(f"noise integer {z} exceeds 2^53 on grid 2^{k}; not exact in float64")
-    # ldexp raises OverflowError if Z·2^k exceeds float64's range (scales
-    # near 1e300 only).
-    return math.ldexp(float(z), k)
-
-
-@functools.lru_cache(maxsize=4096)
-def _grid_ratio(scale, power):
-    """``(k, p, q)`` with ``p/q = (scale/2^k)^power`` exactly, k = :func:`grid_exponent`.
-
-    A mechanism draws many values of one public scale: the exact ratio is
-    computed once per scale (the Fractions cost more than a draw's hashing).
-    """
-    scale = _positive_float("scale" if power == 1 else "sigma", scale)
-    k = grid_exponent(scale)
-    return (k,) + _integer_ratio(scale, k, power)
-
-
-@functools.lru_cache(maxsize=4096)
-def _integer_ratio(scale, exponent, power):
-    """``(p, q)`` with ``p/q = (scale/2^exponent)^power`` exactly (one public scale per
-    mechanism: computed once, not at every draw)."""
-    ratio = (Fraction(scale) / Fraction(2) ** exponent) ** power
-    return ratio.numerator, ratio.denominator
-
-
-def grid_laplace(stream, scale):
-    """One Laplace-like noise of float scale b > 0: ``Z·2^k`` with Z ~ DLap(b/2^k).
-
-    ``k = grid_exponent(b)``; the integer scale ``b/2^k`` (exact Fraction) is
-    in [2^30, 2^31), so the law is the discrete Laplace with
-    ``P(Z·2^k = z·2^k) ∝ exp(−|z|·2^k/b)``, whose variance differs from
-    ``2b²`` by less than ``2^−60·b²``.
-
-    >>> s = NoiseKey.from_bytes(bytes(32)).stream("doc", "glap")
-    >>> v = grid_laplace(s, 2.5)
-    >>> (Fraction(v) / Fraction(2) ** grid_exponent(2.5)).denominator
-    1
-    """
-    k, num, den = _grid_ratio(scale, 1)
-    return _to_grid_float(_discrete_laplace(stream, num, den), k)
-
-
-def grid_gaussian(stream, sigma):
-    """One Gaussian-like noise of float σ > 0: ``Z·2^k`` with Z a discrete Gaussian of σ/2^k.
-
-    ``k = grid_exponent(σ)``; Z has ``P(Z = z) ∝ exp(−z²/(2(σ/2^k)²))`` with
-    ``σ/2^k`` ∈ [2^30, 2^31) exact, so the variance equals σ² up to a relative
-    ``e^(−2^60)``.
-
-    >>> s = NoiseKey.from_bytes(bytes(32)).stream("doc", "ggauss")
-    >>> v = grid_gaussian(s, 2.5)
-    >>> (Fraction(v) / Fraction(2) ** grid_exponent(2.5)).denominator
-    1
-    """
-    k, num, den = _grid_ratio(sigma, 2)
-    return _to_grid_float(_discrete_gaussian(stream, num, den), k)
-
-
-def grid_padded_scale(sensitivity, scale_of, spread=1.0):
-    """The noise scale for values rounded to the grid of that same scale first.
-
-    ``scale_of(s)`` is the scale a mechanism calibrates for a per-value
-    sensitivity s (e.g. ``lambda s: laplace_scale(levels * s, eps)``).
-    Rounding a value and its neighbour to the grid ``2^k`` of the noise moves
-    their difference by at most ``2^k`` (half a step each), so the rounded
-    values have sensitivity ``s + 2^k``: the returned scale is
-    ``scale_of(s + pad)`` for a pad of at least the grid step of the result.
-    One pass gives ``pad = 2^(k0+1)`` with k0 the grid of ``scale_of(s)``; it
-    is kept when the grid of the padded scale is at most ``pad`` (always,
-    unless the scale is over 2^29 times the sensitivity), else doubled.
-    ``spread`` is the norm of the rounding errors in units of the step when
-    several coordinates share one sensitivity (√p for p coordinates under an
-    L2 sensitivity): the scale is then ``scale_of(s + spread·pad)``.
-
-    >>> grid_padded_scale(1.0, lambda s: 4.0 * s) == 4.0 * (1.0 + 2.0 ** -27)
-    True
-    """
-    base = scale_of(sensitivity)
-    if base == 0.0:
-        return base
-    pad = math.ldexp(1.0, grid_exponent(base) + 1)
-    while True:
-        scale = scale_of(sensitivity + spread * pad)
-        if math.ldexp(1.0, grid_exponent(scale)) <= pad:
-            return scale
-        pad *= 2.0
 
 
 # -- the noise source ----------------------------------------------------------
@@ -778,19 +408,19 @@ class KeyedNoise(NoiseSource):
         self._encoded = b"".join(parts)
 
     @property
-    def noise_key(self):
+    def noise_key(self) -> NoiseKey:
         return self._noise_key
 
     @property
-    def identity(self):
+    def identity(self) -> tuple:
         return self._identity
 
     @property
-    def draws(self):
+    def draws(self) -> int:
         """How many draws (calls) were made; the next call uses stream ``identity + (draws,)``."""
         return self._draws
 
-    def for_identity(self, *more):
+    def for_identity(self, *more: Any) -> "KeyedNoise":
         """A fresh source (counter 0) for the identity extended by the labels ``more``."""
         if not more:
             raise ValueError("for_identity needs at least one label, else the child repeats this source's identity")
@@ -843,7 +473,7 @@ class KeyedNoise(NoiseSource):
         self._draws += 1
         return BitStream(hasher)
 
-    def laplace(self, scale, size):
+    def laplace(self, scale: float, size: int) -> np.ndarray:
         scale = check_scale("scale", scale)
         size = check_size(size)
         stream = self._next_stream()
@@ -851,7 +481,7 @@ class KeyedNoise(NoiseSource):
             return np.zeros(size, dtype=np.float64)
         return np.array([grid_laplace(stream, scale) for _ in range(size)], dtype=np.float64)
 
-    def gaussian(self, sigma, size):
+    def gaussian(self, sigma: float, size: int) -> np.ndarray:
         sigma = check_scale("sigma", sigma)
         size = check_size(size)
         stream = self._next_stream()
@@ -859,7 +489,7 @@ class KeyedNoise(NoiseSource):
             return np.zeros(size, dtype=np.float64)
         return np.array([grid_gaussian(stream, sigma) for _ in range(size)], dtype=np.float64)
 
-    def integer_noise(self, kind, scale, exponent, size):
+    def integer_noise(self, kind: str, scale: float, exponent: int, size: int) -> List[int]:
         """``size`` exact discrete Laplace or Gaussian ints of scale ``scale/2^exponent``.
 
         One call, one stream, as :meth:`laplace`. ``exponent`` is the caller's
@@ -881,12 +511,12 @@ class KeyedNoise(NoiseSource):
         stream = self._next_stream()
         if scale == 0.0 or size == 0:
             return [0] * size
-        num, den = _integer_ratio(scale, int(exponent), 1 if kind == "laplace" else 2)
+        num, den = integer_ratio(scale, int(exponent), 1 if kind == "laplace" else 2)
         if kind == "laplace":
-            return [_discrete_laplace(stream, num, den) for _ in range(size)]
-        return [_discrete_gaussian(stream, num, den) for _ in range(size)]
+            return [discrete_laplace(stream, num, den) for _ in range(size)]
+        return [discrete_gaussian(stream, num, den) for _ in range(size)]
 
-    def exponential_choice(self, gammas):
+    def exponential_choice(self, gammas: Sequence[Union[numbers.Rational, float]]) -> int:
         """Index i drawn with probability exactly ``exp(−γ_i) / Σ_j exp(−γ_j)``.
 
         ``gammas`` are finite reals >= 0 (floats are exact dyadic rationals).
@@ -901,7 +531,7 @@ class KeyedNoise(NoiseSource):
         >>> src.exponential_choice([0.0, 50.0, 50.0])
         0
         """
-        values = [_fraction("gamma", g, positive=False) for g in gammas]
+        values = [exact_rational("gamma", g, positive=False) for g in gammas]
         if not values:
             raise ValueError("gammas must not be empty")
         stream = self._next_stream()
@@ -909,5 +539,5 @@ class KeyedNoise(NoiseSource):
         shifted = [v - low for v in values]
         while True:
             i = stream.randbelow(len(shifted))
-            if _bernoulli_exp(stream, shifted[i].numerator, shifted[i].denominator):
+            if bernoulli_exp(stream, shifted[i].numerator, shifted[i].denominator):
                 return i

@@ -11,6 +11,7 @@ follows its activity; the last report of a batch run is the final one.
 """
 
 import warnings
+from typing import Dict, List, Optional, Sequence, Union
 
 import apache_beam as beam
 from apache_beam.transforms import trigger
@@ -19,10 +20,15 @@ from apache_beam.transforms.window import GlobalWindows
 from dp_beam.accounting import Budget, check_budget, compose
 from dp_beam.accounting.compose import group_size, per_transform
 from dp_beam.accounting.costs import scale
+from dp_beam.records import AccountingReport, LedgerEntry
 from dp_beam.transforms.release import PLAN_ATTRIBUTE
 
 __all__ = ["CombineAccounting", "plan", "plan_entries", "scale_entry", "Stability",
            "UnboundedUserLevelWarning"]
+
+#: What the accounting functions take: the ``.accounting`` output of one transform, or a
+#: tuple, list or dict of them.
+_PCollections = Union[beam.PCollection, Sequence[beam.PCollection], Dict[str, beam.PCollection]]
 
 
 def _inputs(pcolls):
@@ -36,7 +42,7 @@ def _inputs(pcolls):
                      f"the .accounting outputs of dp_beam transforms, got {type(pcolls)!r}")
 
 
-def plan_entries(pcolls):
+def plan_entries(pcolls: _PCollections) -> List[LedgerEntry]:
     """The planned ledger entries attached to ``.accounting`` outputs."""
     entries = []
     for pc in _inputs(pcolls):
@@ -48,7 +54,8 @@ def plan_entries(pcolls):
     return entries
 
 
-def plan(pcolls, budget=None, events_per_user=None):
+def plan(pcolls: _PCollections, budget: Optional[Budget] = None,
+         events_per_user: Optional[int] = None) -> List[AccountingReport]:
     """The per-unit reports of the planned costs, computed without running anything.
 
     Each report states the neighbour relation of its total (``relation``): a
@@ -84,7 +91,7 @@ class UnboundedUserLevelWarning(UserWarning):
     """A plan mixes user-level and event-level transforms with no per-user event bound."""
 
 
-def scale_entry(entry, k):
+def scale_entry(entry: LedgerEntry, k: int) -> LedgerEntry:
     """A ledger entry of a mechanism whose input went through a k-stable transformation."""
     eps, delta, rho = scale(entry.epsilon, entry.delta, entry.rho, k)
     return entry._replace(
@@ -95,7 +102,7 @@ def scale_entry(entry, k):
 class Stability(beam.PTransform):
     """Re-states a transform's charges when its input went through a k-stable transformation.
 
-    Spec §4 R5: if one record of the protected data can change up to ``k``
+    ``docs/privacy/accounting.md`` AC-6: if one record of the protected data can change up to ``k``
     records of the transform's input (a tweet split into k words, a trip into
     k legs), an ε-DP mechanism on that input is kε-DP for the original records
     (δ becomes ``k·e^{(k−1)ε}·δ``, ρ becomes ``k²ρ``). Apply it to the
@@ -106,7 +113,7 @@ class Stability(beam.PTransform):
     3
     """
 
-    def __init__(self, k, label=None):
+    def __init__(self, k: int, label: Optional[str] = None) -> None:
         super().__init__(label)
         scale(0.0, 0.0, 0.0, k)  # validates k, naming it
         self.k = k
@@ -145,7 +152,7 @@ class _ComposeLedger(beam.CombineFn):
 class CombineAccounting(beam.PTransform):
     """Merges the ``.accounting`` outputs of transforms into reports per privacy unit.
 
-    Composition (spec withhold_release_and_composition.md §4): sequential
+    Composition (``docs/privacy/accounting.md`` AC-2 to AC-5): sequential
     across transforms, parallel across the keys of one transform, and an
     event-level total that counts user-level charges too; each report names
     the neighbour relation of its total (``relation``), and the budget is
@@ -166,7 +173,8 @@ class CombineAccounting(beam.PTransform):
     Budget(epsilon=1.0, delta=0.0)
     """
 
-    def __init__(self, budget, events_per_user=None, label=None):
+    def __init__(self, budget: Budget, events_per_user: Optional[int] = None,
+                 label: Optional[str] = None) -> None:
         super().__init__(label)
         if not isinstance(budget, Budget):
             raise ValueError(f"budget must be a dp_beam.Budget, got {budget!r}")
@@ -177,7 +185,7 @@ class CombineAccounting(beam.PTransform):
         self.events_per_user = events_per_user
         self.planned = None
 
-    def plan(self, pcolls):
+    def plan(self, pcolls: _PCollections) -> List[AccountingReport]:
         return plan(pcolls, self.budget, self.events_per_user)
 
     def expand(self, pcolls):

@@ -1,10 +1,10 @@
 """``ContinualCount`` and ``ContinualSum``: running totals released every step.
 
-Shape (DESIGN.md "time model"): validate and clamp every event in parallel →
+Shape (``docs/design.md`` D1.2, D2): validate and clamp every event in parallel →
 (user level) cap each user's contributions in keyed state → per-step
 ``CombinePerKey`` in event-time fixed windows → one ordered release DoFn per
-stream feeding the tree mechanism (spec withhold_release_and_composition.md
-§1) one aggregate per step, empty steps included.
+stream feeding the tree mechanism (``docs/privacy/counting.md`` C-3 to
+C-7) one aggregate per step, empty steps included.
 
 Privacy cost, stated at construction (``.plan``) and on ``.accounting``:
 each stream's tree is ε-DP (or (ε, δ) / ρ-zCDP with Gaussian noise) for its
@@ -15,13 +15,15 @@ unit; streams of different keys compose in parallel.
 import datetime
 import math
 import numbers
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Type, Union
 
 import apache_beam as beam
 from apache_beam.transforms.window import GlobalWindows
 
-from dp_beam.mechanisms import ZeroNoise
-from dp_beam.mechanisms.postprocess import MonotoneRelease
-from dp_beam.mechanisms.registry import default_mechanism, get_mechanism
+from dp_beam.mechanisms import NoiseSource, ZeroNoise
+from dp_beam.mechanisms.counting.postprocess import MonotoneRelease
+from dp_beam.mechanisms.counting.registry import default_mechanism, get_mechanism
+from dp_beam.mechanisms.noise_key import NoiseKey
 from dp_beam.records import LedgerEntry, Release
 from dp_beam.transforms.events import (CAPPED, INVALID, TRANSIENT_ERRORS,
                                        BoundContributions, CountCapped, PrepareEvents,
@@ -51,28 +53,77 @@ def _forwarded(arguments, *positional):
     return {k: v for k, v in arguments.items() if k not in skip}
 
 
+# Float addition is not associative, so a float running sum depends on the
+# order the runner delivers a step's values and merges its partial sums, and
+# a retried bundle could release a different total with the same noise. The
+# values are summed exactly instead: every finite float is an integer multiple
+# of 2^-1074, so the sum in those units is a Python int whatever the order.
+_UNIT_BITS = 1074
+
+
+def _units(value: float) -> int:
+    """``value`` as an exact integer multiple of 2^-1074."""
+    numerator, denominator = float(value).as_integer_ratio()
+    return numerator << (_UNIT_BITS + 1 - denominator.bit_length())
+
+
+def _from_units(units: int) -> float:
+    """The float nearest to ``units``·2^-1074 (int division rounds correctly); ±inf beyond range."""
+    try:
+        return units / (1 << _UNIT_BITS)
+    except OverflowError:
+        return math.inf if units > 0 else -math.inf
+
+
 class _SumCount(beam.CombineFn):
-    """(sum of values, number of events) of one step."""
+    """(sum of values, number of events) of one step; the sum is exact, so it does not
+    depend on the order of the values or of the merges (the accumulator is in units of
+    2^-1074, the output the correctly rounded float)."""
 
     def create_accumulator(self):
-        return (0.0, 0)
+        return (0, 0)
 
     def add_input(self, acc, value):
-        return (acc[0] + value, acc[1] + 1)
+        return (acc[0] + _units(value), acc[1] + 1)
 
     def add_inputs(self, acc, values):
-        values = list(values)
-        return (acc[0] + sum(values), acc[1] + len(values))
+        units, n = acc
+        for value in values:
+            units += _units(value)
+            n += 1
+        return (units, n)
 
     def merge_accumulators(self, accs):
-        total, n = 0.0, 0
-        for s, c in accs:
-            total += s
+        units, n = 0, 0
+        for u, c in accs:
+            units += u
             n += c
-        return (total, n)
+        return (units, n)
 
     def extract_output(self, acc):
+        return (_from_units(acc[0]), acc[1])
+
+
+class _CountSteps(beam.CombineFn):
+    """(number of events as a float, number of events) of one count step: every value of a
+    count is 1, so the total is the number of events, exact in any order."""
+
+    def create_accumulator(self):
+        return 0
+
+    def add_input(self, acc, value):
+        return acc + 1
+
+    def add_inputs(self, acc, values):
+        for _ in values:
+            acc += 1
         return acc
+
+    def merge_accumulators(self, accs):
+        return sum(accs)
+
+    def extract_output(self, acc):
+        return (float(acc), acc)
 
 
 #: A sum's step totals are rounded to multiples of 2^e, e = ⌊log2(per-event bound)⌋ − this.
@@ -85,7 +136,7 @@ class _SumCount(beam.CombineFn):
 TOTAL_GRID_BITS = 20
 
 
-def total_grid_exponent(per_event: float):
+def total_grid_exponent(per_event: float) -> Optional[int]:
     """e of the grid a sum's step totals are rounded to (``None`` for a zero bound)."""
     if per_event <= 0:
         return None
@@ -117,8 +168,9 @@ def _finite_total(total: float) -> float:
 class CounterReleaseSpec(ReleaseSpec):
     """Feeds step totals to one continual-counting mechanism per stream."""
 
-    def __init__(self, transform, step_seconds, mechanism, mechanism_args, ledger_template,
-                 monotone=False, grid_exponent=None):
+    def __init__(self, transform: str, step_seconds: float, mechanism: str,
+                 mechanism_args: Dict[str, Any], ledger_template: LedgerEntry,
+                 monotone: bool = False, grid_exponent: Optional[int] = None) -> None:
         self.transform = transform
         self.step_seconds = step_seconds
         self.horizon = mechanism_args["horizon"]
@@ -128,23 +180,23 @@ class CounterReleaseSpec(ReleaseSpec):
         self._monotone = monotone
         self._grid_exponent = grid_exponent
 
-    def new_mechanism(self, rng, first=None):
+    def new_mechanism(self, rng: Any, first: Optional[int] = None) -> Any:
         mechanism = get_mechanism(self._mechanism)(rng=rng, **self._args)
         return MonotoneRelease(mechanism) if self._monotone else mechanism
 
-    def restore(self, state, rng):
+    def restore(self, state: Dict[str, Any], rng: Any) -> Any:
         if self._monotone:
             inner = get_mechanism(state["inner"]["mechanism"])
             return MonotoneRelease.from_state(state, inner, rng=rng)
         return get_mechanism(state["mechanism"]).from_state(state, rng=rng)
 
-    def reseed(self, mechanism, rng):
+    def reseed(self, mechanism: Any, rng: Any) -> Any:
         if self._monotone or not hasattr(mechanism, "set_noise_source"):
             return super().reseed(mechanism, rng)
         mechanism.set_noise_source(rng)
         return mechanism
 
-    def release(self, mechanism, key, step, aggregate):
+    def release(self, mechanism: Any, key: Any, step: int, aggregate: Any) -> Iterator[Release]:
         total = _finite_total(aggregate[0])
         if self._grid_exponent is not None:
             total = round_total(total, self._grid_exponent)
@@ -156,7 +208,7 @@ class CounterReleaseSpec(ReleaseSpec):
                       ci95=float(mechanism.ci_halfwidth(t)), mechanism=mechanism.name,
                       transform=self.transform, t=t)
 
-    def ledger(self, key):
+    def ledger(self, key: Any) -> List[LedgerEntry]:
         return [self._ledger._replace(key=key)]
 
 
@@ -271,14 +323,15 @@ class _ContinualTotal(beam.PTransform):
         elif selecting is not None:
             units = valid | "EventUnits" >> beam.ParDo(EventUnits())
 
+        step_total = _SumCount() if self._value_fn is not None else _CountSteps()
         combine_fn = None
         if raw_steps(self, events) and self._fanout is None:
             # The sharded batch release groups per shard anyway: it combines
             # per (key, step) there, which saves the combine's own grouping.
             aggregates = valid | "EventStep" >> beam.ParDo(EventStep(self._step_micros))
-            combine_fn = _SumCount()
+            combine_fn = step_total
         else:
-            aggregates = per_step(valid, _SumCount(), self._step, self._step_micros,
+            aggregates = per_step(valid, step_total, self._step, self._step_micros,
                                   events.is_bounded, self._fanout)
 
         entry = self.plan_entry(label)
@@ -289,7 +342,7 @@ class _ContinualTotal(beam.PTransform):
 
 
 class ContinualCount(_ContinualTotal):
-    """The running count of events, released every step (spec §1; DESIGN.md).
+    """The running count of events, released every step (counting.md C-1, C-3 to C-7; design D2).
 
     Privacy: ε-DP per privacy unit (``noise="laplace"``), or (ε, δ)-DP and the
     matching ρ-zCDP with ``noise="gaussian"``; per-step sensitivity 1 for
@@ -354,7 +407,7 @@ class ContinualCount(_ContinualTotal):
       privacy_unit: ``"event"`` or ``"user"`` (needs ``user_fn`` and
         ``max_contributions``: each user's first ``max_contributions`` events
         are used, across all keys; the rest go to ``.invalid``).
-      mechanism: the continual-counting mechanism (``dp_beam.mechanisms.registry``):
+      mechanism: the continual-counting mechanism (``dp_beam.mechanisms.counting.registry``):
         ``"tree"``, ``"honaker"``, ``"smooth_binary"``, ``"blt"`` or
         ``"sqrt_toeplitz"``; ``None`` picks ``default_mechanism(noise, horizon)``:
         BLT for Gaussian noise, smooth binary for Laplace noise and a known
@@ -420,12 +473,19 @@ class ContinualCount(_ContinualTotal):
     out of the float range. See :mod:`dp_beam.transforms.stream_keys`.
     """
 
-    def __init__(self, epsilon, step, *, start=None, end=None, key_fn=None, keys=None,
-                 timestamp_fn=None, privacy_unit="event", user_fn=None, max_contributions=None,
-                 mechanism=None, noise="laplace", delta=None, calibration="zcdp", horizon=None,
-                 allowed_lateness=datetime.timedelta(days=1), late="defer", hot_key_fanout=None,
-                 monotone=False, rng=None, noise_key=None, transient_errors=TRANSIENT_ERRORS,
-                 shards=None, label=None):
+    def __init__(self, epsilon: float, step: Union[float, datetime.timedelta], *,
+                 start: Any = None, end: Any = None,
+                 key_fn: Optional[Callable[[Any], Any]] = None, keys: Any = None,
+                 timestamp_fn: Optional[Callable[[Any], Any]] = None, privacy_unit: str = "event",
+                 user_fn: Optional[Callable[[Any], Any]] = None,
+                 max_contributions: Optional[int] = None, mechanism: Optional[str] = None,
+                 noise: str = "laplace", delta: Optional[float] = None, calibration: str = "zcdp",
+                 horizon: Optional[int] = None,
+                 allowed_lateness: Union[float, datetime.timedelta] = datetime.timedelta(days=1),
+                 late: str = "defer", hot_key_fanout: Optional[int] = None, monotone: bool = False,
+                 rng: Union[None, int, NoiseSource] = None, noise_key: Optional[NoiseKey] = None,
+                 transient_errors: Sequence[Type[BaseException]] = TRANSIENT_ERRORS,
+                 shards: Optional[int] = None, label: Optional[str] = None) -> None:
         super().__init__(epsilon, step, **_forwarded(locals()))
 
 
@@ -456,12 +516,19 @@ class ContinualSum(_ContinualTotal):
     2 54.0
     """
 
-    def __init__(self, value_fn, lower, upper, epsilon, step, *, start=None, end=None,
-                 key_fn=None, keys=None, timestamp_fn=None, privacy_unit="event", user_fn=None,
-                 max_contributions=None, mechanism=None, noise="laplace", delta=None,
-                 calibration="zcdp", horizon=None, allowed_lateness=datetime.timedelta(days=1),
-                 late="defer", hot_key_fanout=None, monotone=False, rng=None, noise_key=None,
-                 transient_errors=TRANSIENT_ERRORS, shards=None, label=None):
+    def __init__(self, value_fn: Callable[[Any], Any], lower: float, upper: float, epsilon: float,
+                 step: Union[float, datetime.timedelta], *, start: Any = None, end: Any = None,
+                 key_fn: Optional[Callable[[Any], Any]] = None, keys: Any = None,
+                 timestamp_fn: Optional[Callable[[Any], Any]] = None, privacy_unit: str = "event",
+                 user_fn: Optional[Callable[[Any], Any]] = None,
+                 max_contributions: Optional[int] = None, mechanism: Optional[str] = None,
+                 noise: str = "laplace", delta: Optional[float] = None, calibration: str = "zcdp",
+                 horizon: Optional[int] = None,
+                 allowed_lateness: Union[float, datetime.timedelta] = datetime.timedelta(days=1),
+                 late: str = "defer", hot_key_fanout: Optional[int] = None, monotone: bool = False,
+                 rng: Union[None, int, NoiseSource] = None, noise_key: Optional[NoiseKey] = None,
+                 transient_errors: Sequence[Type[BaseException]] = TRANSIENT_ERRORS,
+                 shards: Optional[int] = None, label: Optional[str] = None) -> None:
         value_fn = check_callable("value_fn", value_fn, required=True)
         lower, upper = _real("lower", lower), _real("upper", upper)
         if lower > upper:

@@ -1,7 +1,7 @@
 """``ContinualERM``, ``SlidingWindowERM``, ``MultiResolutionERM``: private models released over a stream.
 
-Spec private_erm_and_incremental_regression.md §1 (seed 004) and §3 (mapping to
-a streaming engine). Shape (DESIGN.md "time model"): validate, clip and key
+``docs/privacy/erm.md`` (seed 004) and design D1.3 (mapping to
+a streaming engine). Shape (docs/design.md D2): validate, clip and key
 every event in parallel → per-step ``CombinePerKey`` collecting the step's
 points in event-time fixed windows → one ordered release DoFn per stream
 (:class:`~dp_beam.transforms.release.OrderedReleaseDoFn`) that feeds the points
@@ -10,7 +10,7 @@ of each step, in event-time order, to the engine-free stream of
 ``block_size`` points and trains and releases models on its count-based
 schedule, so a step may yield no model or several.
 
-State (spec §3, per-key state table and its notes): the stream's small state
+State (design D1.3, per-key state table and its notes): the stream's small state
 (partial block, the O(log t) models it still regularises toward, counters) is
 the one cell rewritten at every firing; every complete block goes once to an
 append-only per-key log, a ``BagState``
@@ -21,10 +21,10 @@ released blocks as it keeps (amortised O(1) per point). So a firing writes
 O(b0·d + log(t)·p) numbers plus the blocks it completes, whatever t; the
 class docstrings say what each log retains.
 
-Time in the mechanisms is the point count (§0), so block boundaries are
+Time in the mechanisms is the point count (E-1), so block boundaries are
 count-triggered. That is private for *replace-one-event* neighbours, the
-relation of seed 004 (§0); under add/remove the release times would reveal the
-count (§3 "Counts as time"), which is why the ledger states the replace
+relation of seed 004 (E-1); under add/remove the release times would reveal the
+count (design D1.3 "Counts as time"), which is why the ledger states the replace
 relation.
 
 Order within a step (which point goes to which block): points are sorted by
@@ -74,12 +74,16 @@ the production order inject tie-breakers or pass ``id_fn``.
 import datetime
 import hashlib
 import math
+from typing import Any, Callable, Dict, Optional, Sequence, Type, Union
 
 import apache_beam as beam
 from apache_beam.metrics import Metrics
+from numpy.typing import ArrayLike
 
 from dp_beam.mechanisms import ZeroNoise
 from dp_beam.mechanisms import erm as erm_mech
+from dp_beam.mechanisms.noise import NoiseSource
+from dp_beam.mechanisms.noise_key import NoiseKey
 from dp_beam.records import LedgerEntry
 from dp_beam.records_erm import ModelRecord
 from dp_beam.transforms.event_ids import id_key
@@ -110,7 +114,7 @@ class _PreparePoints(ValidatingDoFn):
     Features must be a sequence of ``n_features`` finite reals and the label
     one of the declared classes (it is replaced by the declared instance).
     Feature vectors longer than ``feature_bound`` are scaled down to it
-    (contribution bounding, spec §5.5) and counted in the ``clipped`` metric.
+    (contribution bounding, erm.md E-2) and counted in the ``clipped`` metric.
     With ``id_fn`` the event's id must be valid for
     :func:`~dp_beam.transforms.event_ids.id_key`; without it the id part is
     ``()``. Nothing raises.
@@ -219,11 +223,12 @@ def _listify(value):
 class ERMReleaseSpec(ReleaseSpec):
     """Feeds each step's points, in event-time order, to an engine-free ERM stream."""
 
-    #: Complete blocks go to the per-key log (spec §3), not the rewritten state.
+    #: Complete blocks go to the per-key log (design D1.3), not the rewritten state.
     uses_log = True
 
-    def __init__(self, transform, step_seconds, stream_cls, stream_args, ledger_template,
-                 noise_key=None):
+    def __init__(self, transform: str, step_seconds: float, stream_cls: type,
+                 stream_args: Dict[str, Any], ledger_template: LedgerEntry,
+                 noise_key: Optional[NoiseKey] = None) -> None:
         self.transform = transform
         self.step_seconds = step_seconds
         self.horizon = None
@@ -391,7 +396,7 @@ _COMMON_ARGS = """
       n_features: d.
       feature_bound: R_x; feature vectors are scaled down to ``‖x‖₂ <= R_x``
         (counted in the ``clipped`` metric). The Lipschitz constant comes from
-        it (spec §5.5), never from the data.
+        it (erm.md E-2), never from the data.
       lam: λ of the regulariser ``λ‖θ − θ_ref‖²``.
       epsilon: privacy parameter of every stream (> 0).
       block_size: points per block (b0 / w0 / B).
@@ -430,16 +435,16 @@ _COMMON_ARGS = """
 
 
 class ContinualERM(_ERMTransform):
-    __doc__ = """Cumulative private models released every ``block_size`` points (Alg. 2 bases + Alg. 4; spec §1.5).
+    __doc__ = """Cumulative private models released every ``block_size`` points (Alg. 2 bases + Alg. 4; erm.md E-6).
 
     A base model on all data at t = 2^k·B, doubling updates at t_g + 2^j·b0
     and single-block updates in between, each regularised toward a released
     model. ε is split in halves between the base models and the updates, so
     every stream is ε-DP per event (replace-one neighbours). ``base_size`` is
     B, a multiple of ``block_size`` = b0. See
-    :class:`dp_beam.mechanisms.erm.ContinualERM`.
+    :class:`dp_beam.mechanisms.erm.ContinualERMMechanism`.
 
-    State per key (§3): each firing rewrites the partial block (< b0 points),
+    State per key (design D1.3): each firing rewrites the partial block (< b0 points),
     at most 2 models (f_g, f_c) and counters — O(b0·d + p) numbers — and
     appends its completed blocks to the key's log. The log keeps the whole
     history (inherent: the base at 2^k·B trains on (0, t]) and is read back
@@ -467,25 +472,33 @@ class ContinualERM(_ERMTransform):
     """ + _COMMON_ARGS + """      base_size: B.
     """
 
-    _stream_cls = erm_mech.ContinualERM
+    _stream_cls = erm_mech.ContinualERMMechanism
 
-    def __init__(self, features_fn, label_fn, classes, n_features, feature_bound, lam, epsilon,
-                 block_size, base_size, step, *, start=None, end=None, key_fn=None, keys=None,
-                 timestamp_fn=None, id_fn=None, fit_intercept=True, noise="l2_laplace",
-                 delta=None, allowed_lateness=datetime.timedelta(days=1), late="defer", rng=None,
-                 noise_key=None, transient_errors=TRANSIENT_ERRORS, tol_fraction=0.5, label=None):
+    def __init__(self, features_fn: Callable[[Any], ArrayLike], label_fn: Callable[[Any], Any],
+                 classes: Sequence[Any], n_features: int, feature_bound: float, lam: float,
+                 epsilon: float, block_size: int, base_size: int,
+                 step: Union[float, datetime.timedelta], *, start: Any = None, end: Any = None,
+                 key_fn: Optional[Callable[[Any], Any]] = None, keys: Any = None,
+                 timestamp_fn: Optional[Callable[[Any], Any]] = None,
+                 id_fn: Optional[Callable[[Any], Any]] = None, fit_intercept: bool = True,
+                 noise: str = "l2_laplace", delta: Optional[float] = None,
+                 allowed_lateness: Optional[Union[float, datetime.timedelta]] = datetime.timedelta(days=1),
+                 late: str = "defer", rng: Union[None, int, NoiseSource] = None,
+                 noise_key: Optional[NoiseKey] = None,
+                 transient_errors: Sequence[Type[BaseException]] = TRANSIENT_ERRORS,
+                 tol_fraction: float = 0.5, label: Optional[str] = None) -> None:
         super().__init__(features_fn, label_fn, classes, n_features, feature_bound, lam, epsilon,
                          block_size, step, base_size=base_size, **_keywords(locals()))
 
 
 class SlidingWindowERM(_ERMTransform):
-    __doc__ = """A private model of the last ``window`` points, every ``block_size`` points (Alg. 5; spec §1.7).
+    __doc__ = """A private model of the last ``window`` points, every ``block_size`` points (Alg. 5; erm.md E-7).
 
     Exact for ``window = (2^k − 1)·block_size``; ``window_policy`` =
-    ``"round_down"`` or ``"general"`` handles other windows as the spec says.
-    Each stream is ε-DP per event. See :class:`dp_beam.mechanisms.erm.SlidingWindowERM`.
+    ``"round_down"`` or ``"general"`` handles other windows as erm.md E-7 says.
+    Each stream is ε-DP per event. See :class:`dp_beam.mechanisms.erm.SlidingWindowERMMechanism`.
 
-    State per key (§3): each firing rewrites the partial block (< w0 points)
+    State per key (design D1.3): each firing rewrites the partial block (< w0 points)
     and one model per bucket (log₂(W + 1) models for W = w/w0 blocks in exact
     mode) — O(w0·d + log(W)·p) numbers — and appends its completed blocks to
     the key's log. The log keeps the W − 1 newest blocks (the part of the next
@@ -516,25 +529,32 @@ class SlidingWindowERM(_ERMTransform):
       window_policy: ``"exact"`` (default), ``"round_down"`` or ``"general"``.
     """
 
-    _stream_cls = erm_mech.SlidingWindowERM
+    _stream_cls = erm_mech.SlidingWindowERMMechanism
 
-    def __init__(self, features_fn, label_fn, classes, n_features, feature_bound, lam, epsilon,
-                 block_size, window, step, *, window_policy="exact", start=None, end=None,
-                 key_fn=None, keys=None, timestamp_fn=None, id_fn=None, fit_intercept=True,
-                 noise="l2_laplace", delta=None, allowed_lateness=datetime.timedelta(days=1),
-                 late="defer", rng=None, noise_key=None, transient_errors=TRANSIENT_ERRORS,
-                 tol_fraction=0.5, label=None):
+    def __init__(self, features_fn: Callable[[Any], ArrayLike], label_fn: Callable[[Any], Any],
+                 classes: Sequence[Any], n_features: int, feature_bound: float, lam: float,
+                 epsilon: float, block_size: int, window: int,
+                 step: Union[float, datetime.timedelta], *, window_policy: str = "exact",
+                 start: Any = None, end: Any = None, key_fn: Optional[Callable[[Any], Any]] = None,
+                 keys: Any = None, timestamp_fn: Optional[Callable[[Any], Any]] = None,
+                 id_fn: Optional[Callable[[Any], Any]] = None, fit_intercept: bool = True,
+                 noise: str = "l2_laplace", delta: Optional[float] = None,
+                 allowed_lateness: Optional[Union[float, datetime.timedelta]] = datetime.timedelta(days=1),
+                 late: str = "defer", rng: Union[None, int, NoiseSource] = None,
+                 noise_key: Optional[NoiseKey] = None,
+                 transient_errors: Sequence[Type[BaseException]] = TRANSIENT_ERRORS,
+                 tol_fraction: float = 0.5, label: Optional[str] = None) -> None:
         super().__init__(features_fn, label_fn, classes, n_features, feature_bound, lam, epsilon,
                          block_size, step, window=window, **_keywords(locals()))
 
 
 class MultiResolutionERM(_ERMTransform):
-    __doc__ = """Models on the last 2^k·B points for every scale k with 2^k | t/B (Alg. 2; spec §1.3).
+    __doc__ = """Models on the last 2^k·B points for every scale k with 2^k | t/B (Alg. 2; erm.md E-5).
 
     Each stream is ε-DP per event. ``max_scale`` caps k. See
-    :class:`dp_beam.mechanisms.erm.MultiResolutionERM`.
+    :class:`dp_beam.mechanisms.erm.MultiResolutionERMMechanism`.
 
-    State per key (§3): each firing rewrites the partial block (< B points) and
+    State per key (design D1.3): each firing rewrites the partial block (< B points) and
     counters — O(B·d) numbers, no models — and appends its completed blocks to
     the key's log. With ``max_scale`` = K the log keeps the blocks of the
     current aligned interval of 2^K blocks (< 2^K·B points; cleared, unread,
@@ -567,13 +587,21 @@ class MultiResolutionERM(_ERMTransform):
     """ + _COMMON_ARGS + """      max_scale: optional cap on k.
     """
 
-    _stream_cls = erm_mech.MultiResolutionERM
+    _stream_cls = erm_mech.MultiResolutionERMMechanism
 
-    def __init__(self, features_fn, label_fn, classes, n_features, feature_bound, lam, epsilon,
-                 block_size, step, *, max_scale=None, start=None, end=None, key_fn=None,
-                 keys=None, timestamp_fn=None, id_fn=None, fit_intercept=True, noise="l2_laplace",
-                 delta=None, allowed_lateness=datetime.timedelta(days=1), late="defer", rng=None,
-                 noise_key=None, transient_errors=TRANSIENT_ERRORS, tol_fraction=0.5, label=None):
+    def __init__(self, features_fn: Callable[[Any], ArrayLike], label_fn: Callable[[Any], Any],
+                 classes: Sequence[Any], n_features: int, feature_bound: float, lam: float,
+                 epsilon: float, block_size: int, step: Union[float, datetime.timedelta], *,
+                 max_scale: Optional[int] = None, start: Any = None, end: Any = None,
+                 key_fn: Optional[Callable[[Any], Any]] = None, keys: Any = None,
+                 timestamp_fn: Optional[Callable[[Any], Any]] = None,
+                 id_fn: Optional[Callable[[Any], Any]] = None, fit_intercept: bool = True,
+                 noise: str = "l2_laplace", delta: Optional[float] = None,
+                 allowed_lateness: Optional[Union[float, datetime.timedelta]] = datetime.timedelta(days=1),
+                 late: str = "defer", rng: Union[None, int, NoiseSource] = None,
+                 noise_key: Optional[NoiseKey] = None,
+                 transient_errors: Sequence[Type[BaseException]] = TRANSIENT_ERRORS,
+                 tol_fraction: float = 0.5, label: Optional[str] = None) -> None:
         super().__init__(features_fn, label_fn, classes, n_features, feature_bound, lam, epsilon,
                          block_size, step, **_keywords(locals()))
 

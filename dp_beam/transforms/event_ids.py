@@ -6,6 +6,7 @@ so that ties between events of one step break the same way on every run.
 
 import math
 import numbers
+from typing import Any, Optional, Tuple
 
 __all__ = ["MAX_ID_DEPTH", "id_key"]
 
@@ -13,7 +14,7 @@ __all__ = ["MAX_ID_DEPTH", "id_key"]
 MAX_ID_DEPTH = 8
 
 
-def id_key(value, depth=0):
+def id_key(value: Any, depth: int = 0) -> Tuple[Any, Optional[str]]:
     """``(key, None)``: an event id as a key that orders against every other valid id; or
     ``(None, reason)``.
 

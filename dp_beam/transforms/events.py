@@ -1,10 +1,10 @@
 """Per-event stages shared by the continual transforms: validate, clamp, bound.
 
-These run in parallel on every event (DESIGN.md "time model"); only per-user
+These run in parallel on every event (``docs/design.md`` D2); only per-user
 contribution bounding needs keyed state, and it keeps one counter per user.
 
-Nothing an element holds crashes the job or disappears (DESIGN.md "Bad
-input"): unusable elements go to ``invalid`` with the reason, keys and users
+Nothing an element holds crashes the job or disappears (``docs/design.md``
+D6): unusable elements go to ``invalid`` with the reason, keys and users
 are normalised before any grouping (:mod:`dp_beam.transforms.stream_keys`),
 and numbers are parsed without raising (:func:`as_real`).
 
@@ -37,6 +37,8 @@ taken from the element should catch those itself, or narrow
 import datetime
 import math
 import numbers
+from typing import (TYPE_CHECKING, Any, Callable, Dict, Iterable, Optional, Sequence, Tuple,
+                    Type)
 
 import apache_beam as beam
 import numpy as np
@@ -49,6 +51,9 @@ from apache_beam.utils.timestamp import MAX_TIMESTAMP, MIN_TIMESTAMP, Duration, 
 
 from dp_beam.records import InvalidElement
 from dp_beam.transforms.stream_keys import KV, normalize_key
+
+if TYPE_CHECKING:
+    from dp_beam.transforms.schedule import Schedule
 
 __all__ = ["as_real", "BoundContributions", "CAPPED", "capped", "check_callable",
            "check_transient_errors", "CountCapped", "event_seconds", "INVALID", "NAMESPACE",
@@ -83,7 +88,7 @@ PLAUSIBLE_MAX_SECONDS = 1e11
 _EPOCH = datetime.datetime(1970, 1, 1, tzinfo=datetime.timezone.utc)
 
 
-def as_real(value):
+def as_real(value: Any) -> Tuple[Optional[float], Optional[str]]:
     """``(float, None)``: the value as a finite float; or ``(None, reason)``. Never raises.
 
     Accepts real numbers (``bool`` excluded: a flag is not a measurement),
@@ -122,7 +127,7 @@ def _is_decimal(value):
     return type(value).__name__ == "Decimal" and type(value).__module__ in ("decimal", "_decimal")
 
 
-def event_seconds(value):
+def event_seconds(value: Any) -> Tuple[Optional[float], Optional[str]]:
     """``(seconds, None)``: an event time as epoch seconds; or ``(None, reason)``. Never raises.
 
     Accepts epoch seconds (any real number :func:`as_real` accepts), a
@@ -168,7 +173,8 @@ def event_seconds(value):
     return ts, None
 
 
-def check_callable(name, fn, required=False):
+def check_callable(name: str, fn: Optional[Callable[..., Any]],
+                   required: bool = False) -> Optional[Callable[..., Any]]:
     """``fn`` if callable (or ``None`` when optional); else ``ValueError`` naming ``name``."""
     if fn is None and not required:
         return None
@@ -177,7 +183,7 @@ def check_callable(name, fn, required=False):
     return fn
 
 
-def check_transient_errors(value):
+def check_transient_errors(value: Any) -> Tuple[Type[BaseException], ...]:
     """``transient_errors`` validated: a tuple of exception classes (``ValueError`` naming it)."""
     if isinstance(value, type):
         value = (value,)
@@ -201,8 +207,10 @@ class ValidatingDoFn(beam.DoFn):
     Counts rejections in the ``<transform>.invalid`` metric.
     """
 
-    def __init__(self, transform, key_fn=None, timestamp_fn=None, schedule=None, keys=None,
-                 transient_errors=TRANSIENT_ERRORS):
+    def __init__(self, transform: str, key_fn: Optional[Callable[[Any], Any]] = None,
+                 timestamp_fn: Optional[Callable[[Any], Any]] = None,
+                 schedule: Optional["Schedule"] = None, keys: Optional[Iterable[Any]] = None,
+                 transient_errors: Sequence[Type[BaseException]] = TRANSIENT_ERRORS) -> None:
         self._transform = transform
         self._key_fn = key_fn
         self._timestamp_fn = timestamp_fn
@@ -387,9 +395,13 @@ class PrepareEvents(ValidatingDoFn):
     ``transient_errors`` of user functions.
     """
 
-    def __init__(self, transform, value_fn=None, lower=None, upper=None, key_fn=None,
-                 user_fn=None, timestamp_fn=None, schedule=None, keys=None,
-                 transient_errors=TRANSIENT_ERRORS):
+    def __init__(self, transform: str, value_fn: Optional[Callable[[Any], Any]] = None,
+                 lower: Optional[float] = None, upper: Optional[float] = None,
+                 key_fn: Optional[Callable[[Any], Any]] = None,
+                 user_fn: Optional[Callable[[Any], Any]] = None,
+                 timestamp_fn: Optional[Callable[[Any], Any]] = None,
+                 schedule: Optional["Schedule"] = None, keys: Optional[Iterable[Any]] = None,
+                 transient_errors: Sequence[Type[BaseException]] = TRANSIENT_ERRORS) -> None:
         super().__init__(transform, key_fn, timestamp_fn, schedule, keys, transient_errors)
         self._value_fn = value_fn
         self._lower = lower
@@ -429,7 +441,8 @@ class PrepareEvents(ValidatingDoFn):
             yield beam.window.TimestampedValue((user, (key, value)), ts)
 
 
-def capped(reason, user, step, example, ts, key=False):
+def capped(reason: str, user: Any, step: int, example: Dict[str, Any], ts: float,
+           key: bool = False) -> pvalue.TaggedOutput:
     """An event beyond a per-user cap, on the ``capped`` output: aggregated by :class:`CountCapped`
     into one dead letter per (reason, user, step), and per key when ``key`` is true (a cap on
     the keys a user may touch: the record then says which key was refused)."""
@@ -461,7 +474,8 @@ class BoundContributions(beam.DoFn):
     COUNT = ReadModifyWriteStateSpec("contributions", VarIntCoder())
     KEYS = ReadModifyWriteStateSpec("keys", PickleCoder())
 
-    def __init__(self, transform, max_contributions, max_keys=None, step_micros=1):
+    def __init__(self, transform: str, max_contributions: int, max_keys: Optional[int] = None,
+                 step_micros: int = 1) -> None:
         self._transform = transform
         self._cap = max_contributions
         self._max_keys = max_keys
@@ -549,7 +563,7 @@ class CountCapped(beam.PTransform):
     one); bounded input in the global window (the step is part of the key).
     """
 
-    def __init__(self, transform, step_seconds, label=None):
+    def __init__(self, transform: str, step_seconds: float, label: Optional[str] = None) -> None:
         super().__init__(label)
         self._transform = transform
         self._step = step_seconds

@@ -1,11 +1,12 @@
 """``GrowingSynthetic`` and ``GrowingQueries``: differential privacy for growing databases as Beam transforms.
 
-Spec growing_databases.md (seed 000, Cummings et al.), §6 "Mapping to a
-streaming engine". The database is the multiset of records seen so far, each
-mapped to a cell of a public universe of N cells by ``universe_fn``; it grows
-as records arrive, and its size t is the paper's clock.
+``docs/privacy/growing.md`` (seed 000, Cummings et al.; neighbours G-1); the
+mapping to a streaming engine is ``docs/design.md`` D2. The database is the
+multiset of records seen so far, each mapped to a cell of a public universe of
+N cells by ``universe_fn``; it grows as records arrive, and its size t is the
+paper's clock.
 
-Shape (DESIGN.md "time model"): validate every record (→ ``(key, cell)``) and
+Shape (docs/design.md D2): validate every record (→ ``(key, cell)``) and
 every query (→ ``(key, vector)``) in parallel → one per-step combine in
 event-time fixed windows that holds the step's cell counts and its queries →
 the ordered release DoFn (:class:`~dp_beam.transforms.release.OrderedReleaseDoFn`),
@@ -13,10 +14,10 @@ one stream per declared key, which feeds each step to the engine-free
 mechanism of :mod:`dp_beam.mechanisms.growing`. Within a step the records
 arrive first (one batched update: the closed-form PMWG mix, or one
 black-box run), then the step's queries in event-time order, ties broken
-by query id (A14). The step is the time resolution: a query is answered on
+by query id (G-1). The step is the time resolution: a query is answered on
 the database at the end of its step.
 
-Neighbours and what is public. The guarantee is the paper's (A15): two
+Neighbours and what is public. The guarantee is the paper's (G-1): two
 inputs are neighbours when they differ in the *cell* of one record, that
 record keeping its event time and key. So the number of records per step
 (the database size at every time) is public, as are the queries (chosen by
@@ -38,15 +39,18 @@ the exact counts; it is never part of a release, a ledger entry or a log line.
 import datetime
 import hashlib
 import numbers
-from typing import Any, Tuple
+from typing import Any, Callable, Dict, Optional, Sequence, Tuple, Type, Union
 
 import apache_beam as beam
 import numpy as np
 from apache_beam.transforms.window import FixedWindows, GlobalWindows
 
 from dp_beam.mechanisms import ZeroNoise
+from dp_beam.mechanisms.checks import check_int
 from dp_beam.mechanisms.growing import (BBImprover, BBScheduler, BlackBox, PMWG, PMWGParams,
                                         as_query)
+from dp_beam.mechanisms.noise import NoiseSource
+from dp_beam.mechanisms.noise_key import NoiseKey
 from dp_beam.records import LedgerEntry
 from dp_beam.records_growing import (HISTOGRAM, HistogramRelease, QueryAnswer, SyntheticRelease,
                                      answer_linear_query)
@@ -132,11 +136,28 @@ class _PrepareQueries(ValidatingDoFn):
         yield beam.window.TimestampedValue((key, (_QUERY, (ts, order, qid, query))), ts)
 
 
+def _empty_step():
+    """The input of a step without records or queries: ``({cell: count}, records, [queries])``."""
+    return ({}, 0, [])
+
+
+def _add_counts(total, counts):
+    """Adds the cell counts ``counts`` into the dict ``total`` (in place) and returns it."""
+    for cell, v in counts.items():
+        total[cell] = total.get(cell, 0) + v
+    return total
+
+
+def _in_order(queries):
+    """A step's queries in their public order: event time, then id order."""
+    return sorted(queries, key=lambda q: (q[0], q[1]))
+
+
 class _StepInput(beam.CombineFn):
     """One step's input: ``({cell: count}, records, [queries])``."""
 
     def create_accumulator(self):
-        return ({}, 0, [])
+        return _empty_step()
 
     def add_input(self, acc, item):
         kind, payload = item
@@ -147,10 +168,9 @@ class _StepInput(beam.CombineFn):
         return acc
 
     def merge_accumulators(self, accs):
-        counts, n, queries = {}, 0, []
+        counts, n, queries = _empty_step()
         for c, k, q in accs:
-            for cell, v in c.items():
-                counts[cell] = counts.get(cell, 0) + v
+            _add_counts(counts, c)
             n += k
             queries.extend(q)
         return (counts, n, queries)
@@ -171,13 +191,10 @@ class _GrowingSpec(ReleaseSpec):
         self._name = mechanism
 
     def zero(self):
-        return ({}, 0, [])
+        return _empty_step()
 
     def merge(self, a, b):
-        counts = dict(a[0])
-        for cell, v in b[0].items():
-            counts[cell] = counts.get(cell, 0) + v
-        return (counts, a[1] + b[1], list(a[2]) + list(b[2]))
+        return (_add_counts(dict(a[0]), b[0]), a[1] + b[1], list(a[2]) + list(b[2]))
 
     def events(self, aggregate):
         return int(aggregate[1]) + len(aggregate[2])
@@ -223,7 +240,7 @@ class _SyntheticSpec(_GrowingSpec):
                     output=tuple(float(v) for v in np.asarray(out, dtype=np.float64)),
                     mechanism=self._name, transform=self.transform)
         where = self._where(key, step, mechanism.t)
-        for query in sorted(queries, key=lambda q: (q[0], q[1])):
+        for query in _in_order(queries):
             latest = mechanism.latest
             if latest is None:
                 yield self._answer(where, query, "refused", None)
@@ -247,7 +264,7 @@ class _QueriesSpec(_GrowingSpec):
         counts, n, queries = aggregate
         if n:
             mechanism.extend(counts)
-        for query in sorted(queries, key=lambda q: (q[0], q[1])):
+        for query in _in_order(queries):
             where = self._where(key, step, mechanism.t)
             if isinstance(query[3], str):
                 yield HistogramRelease(**where, query_id=query[2],
@@ -259,6 +276,17 @@ class _QueriesSpec(_GrowingSpec):
                                a.within_budget)
 
 
+#: The options every growing transform takes and hands to :class:`_GrowingTransform`.
+_COMMON_OPTIONS = ("start", "end", "key_fn", "keys", "timestamp_fn", "queries", "query_fn",
+                   "query_id_fn", "query_timestamp_fn", "query_key_fn", "allowed_lateness", "late",
+                   "rng", "noise_key", "transient_errors", "label")
+
+
+def _common_options(arguments: dict) -> dict:
+    """The common options out of a transform constructor's ``locals()``."""
+    return {name: arguments[name] for name in _COMMON_OPTIONS}
+
+
 class _GrowingTransform(beam.PTransform):
     """Common construction: the options of every continual transform, two inputs, the plan."""
 
@@ -267,10 +295,7 @@ class _GrowingTransform(beam.PTransform):
                  allowed_lateness, late, rng, noise_key, transient_errors, label):
         super().__init__(label)
         self._universe_fn = check_callable("universe_fn", universe_fn, required=True)
-        if isinstance(universe_size, bool) or not isinstance(universe_size, numbers.Integral) \
-                or universe_size < 2:
-            raise ValueError(f"universe_size must be an int >= 2, got {universe_size!r}")
-        self._n_cells = int(universe_size)
+        self._n_cells = check_int("universe_size", universe_size, 2)
         set_release_options(self, step, allowed_lateness, late, rng, start=start, end=end,
                             key_fn=key_fn, keys=keys, noise_key=noise_key)
         if private_keys(self) is not None:
@@ -373,8 +398,8 @@ _COMMON_DOC = """
 class GrowingSynthetic(_GrowingTransform):
     __doc__ = """A synthetic database (or model) of a growing database, re-released as it grows.
 
-    BBScheduler (``scheduler="epochs"``, spec §1) or BBImprover
-    (``scheduler="every_step"``, §2; needs ``delta`` in (0, 1/e)) around an
+    BBScheduler (``scheduler="epochs"``, growing.md G-3, G-4) or BBImprover
+    (``scheduler="every_step"``, G-5; needs ``delta`` in (0, 1/e)) around an
     ε-DP ``black_box`` from :mod:`dp_beam.mechanisms.growing`
     (``MWEMHistogram``, ``SmallDB``, ``LaplaceHistogram``, ``ERMBox`` for
     ERMG, or your own ``BlackBox``). Releases a
@@ -413,23 +438,29 @@ class GrowingSynthetic(_GrowingTransform):
       epsilon, delta: the privacy of the whole unbounded run (``delta=0``: pure, epochs only).
       n: the database size at which the first run happens (the paper's starting size).
       beta: failure probability of the accuracy guarantee.
-      gamma, schedule: BBScheduler's epoch growth (default the spec's formula) and ε_i
+      gamma, schedule: BBScheduler's epoch growth (default the γ of growing.md G-4) and ε_i
         schedule (``"sqrt"`` or ``"alt_a"``).
       eta, normaliser: BBImprover's η ∈ (0, 1] and Z (``"bound"`` or ``"zeta"``).
 """ + _COMMON_DOC.format(histogram="")
 
-    def __init__(self, universe_fn, universe_size, *, black_box, epsilon, step, n, start=None,
-                 scheduler="epochs", delta=0.0, beta=0.05, gamma=None, schedule="sqrt", eta=0.1,
-                 normaliser="bound", end=None, key_fn=None, keys=None, timestamp_fn=None,
-                 queries=None, query_fn=None, query_id_fn=None, query_timestamp_fn=None,
-                 query_key_fn=None, allowed_lateness=datetime.timedelta(days=1), late="defer",
-                 rng=None, noise_key=None, transient_errors=TRANSIENT_ERRORS, label=None):
-        super().__init__(universe_fn, universe_size, step, start=start, end=end, key_fn=key_fn,
-                         keys=keys, timestamp_fn=timestamp_fn, queries=queries, query_fn=query_fn,
-                         query_id_fn=query_id_fn, query_timestamp_fn=query_timestamp_fn,
-                         query_key_fn=query_key_fn, allowed_lateness=allowed_lateness, late=late,
-                         rng=rng, noise_key=noise_key, transient_errors=transient_errors,
-                         label=label)
+    def __init__(self, universe_fn: Callable[[Any], int], universe_size: int, *,
+                 black_box: BlackBox, epsilon: float, step: Union[float, datetime.timedelta],
+                 n: int, start: Any = None, scheduler: str = "epochs", delta: float = 0.0,
+                 beta: float = 0.05, gamma: Optional[float] = None, schedule: str = "sqrt",
+                 eta: float = 0.1, normaliser: str = "bound", end: Any = None,
+                 key_fn: Optional[Callable[[Any], Any]] = None, keys: Any = None,
+                 timestamp_fn: Optional[Callable[[Any], Any]] = None,
+                 queries: Optional[beam.PCollection] = None,
+                 query_fn: Optional[Callable[[Any], Any]] = None,
+                 query_id_fn: Optional[Callable[[Any], Any]] = None,
+                 query_timestamp_fn: Optional[Callable[[Any], Any]] = None,
+                 query_key_fn: Optional[Callable[[Any], Any]] = None,
+                 allowed_lateness: Optional[Union[float, datetime.timedelta]] = datetime.timedelta(days=1),
+                 late: str = "defer", rng: Union[None, int, NoiseSource] = None,
+                 noise_key: Optional[NoiseKey] = None,
+                 transient_errors: Sequence[Type[BaseException]] = TRANSIENT_ERRORS,
+                 label: Optional[str] = None) -> None:
+        super().__init__(universe_fn, universe_size, step, **_common_options(locals()))
         if not isinstance(black_box, BlackBox):
             raise ValueError(f"black_box must be a dp_beam.mechanisms.growing.BlackBox, got "
                              f"{type(black_box).__name__}")
@@ -468,20 +499,20 @@ class GrowingSynthetic(_GrowingTransform):
 
 
 class GrowingQueries(_GrowingTransform):
-    __doc__ = """PMWG (spec §4): answers a stream of linear queries on a growing database.
+    __doc__ = """PMWG (growing.md G-8): answers a stream of linear queries on a growing database.
 
     Two inputs: the records and the queries (``(records, queries) |
     dpb.GrowingQueries(...)``, or ``queries=``). Every query gets a
     :class:`~dp_beam.records_growing.QueryAnswer`: ``easy`` (f(y) from the
     public histogram, exact), ``hard`` (f(x_t) plus Laplace noise; the
     histogram then makes a multiplicative-weights step), ``abort`` (the
-    hard-query cap was exceeded: permanent, A12) or ``refused`` (the database
+    hard-query cap was exceeded: permanent, G-8) or ``refused`` (the database
     has fewer than ``n`` records, or the query is over the budget with
     ``enforce_budget``). A query element for which ``query_fn`` returns
     ``dpb.HISTOGRAM`` releases the public histogram (``HistogramRelease``).
     Every constant of :class:`~dp_beam.mechanisms.growing.PMWGParams` can be
     set (``pmwg_options``); ξ_n is recomputed from them, so the cost below
-    holds for every setting (A11).
+    holds for every setting (G-8).
 
     Cost, for the whole unbounded stream of records and queries, per key:
     ε-DP (``delta=0``) or (ε, δ)-DP with ρ*(ε, δ)-zCDP, for neighbours that
@@ -508,32 +539,38 @@ class GrowingQueries(_GrowingTransform):
     Args:
       universe_fn: record → its cell, an int in [0, ``universe_size``).
       universe_size: N, the number of cells (public).
-      alpha: the accuracy target α ∈ (0, 1] (sets T, α', η and the cap, A11).
+      alpha: the accuracy target α ∈ (0, 1] (sets T, α', η and the cap, G-8).
       epsilon, delta: the privacy of the whole unbounded run (``delta=0``: pure ε-DP).
       n: the database size from which queries are answered (before it: ``refused``).
-      K, beta: the query budget base and failure probability (accuracy only, A13).
+      K, beta: the query budget base and failure probability (accuracy only, G-9).
       enforce_budget: refuse queries beyond Budget(t) (free: the counts are public).
       clip: clip hard answers to [0, 1] (post-processing).
       pmwg_options: other :class:`~dp_beam.mechanisms.growing.PMWGParams` fields (``c``,
         ``threshold_frac``, ``accuracy_frac``, ``eta_frac``, the noise multipliers,
-        ``cap_b``, ``xi_n``, ``update``). The default is the spec's constants, the ones
+        ``cap_b``, ``xi_n``, ``update``). The default is the paper's constants (growing.md G-8), the ones
         Theorem 14's accuracy and the no-ABORT guarantee of Corollary 16 are proved for;
         smaller caps are far more accurate at realistic sizes but abort permanently when
         the data need more hard queries than the cap allows (docs/growing_databases.md).
 """ + _COMMON_DOC.format(histogram=", or ``dpb.HISTOGRAM`` to release the histogram")
 
-    def __init__(self, universe_fn, universe_size, alpha, epsilon, delta=0.0, n=None, *, step,
-                 start=None, end=None, K=1.0, beta=0.05, enforce_budget=False, clip=False,
-                 pmwg_options=None, key_fn=None, keys=None, timestamp_fn=None, queries=None,
-                 query_fn=None, query_id_fn=None, query_timestamp_fn=None, query_key_fn=None,
-                 allowed_lateness=datetime.timedelta(days=1), late="defer", rng=None,
-                 noise_key=None, transient_errors=TRANSIENT_ERRORS, label=None):
-        super().__init__(universe_fn, universe_size, step, start=start, end=end, key_fn=key_fn,
-                         keys=keys, timestamp_fn=timestamp_fn, queries=queries, query_fn=query_fn,
-                         query_id_fn=query_id_fn, query_timestamp_fn=query_timestamp_fn,
-                         query_key_fn=query_key_fn, allowed_lateness=allowed_lateness, late=late,
-                         rng=rng, noise_key=noise_key, transient_errors=transient_errors,
-                         label=label)
+    def __init__(self, universe_fn: Callable[[Any], int], universe_size: int, alpha: float,
+                 epsilon: float, delta: float = 0.0, n: Optional[int] = None, *,
+                 step: Union[float, datetime.timedelta], start: Any = None, end: Any = None,
+                 K: float = 1.0, beta: float = 0.05, enforce_budget: bool = False,
+                 clip: bool = False, pmwg_options: Optional[Dict[str, Any]] = None,
+                 key_fn: Optional[Callable[[Any], Any]] = None, keys: Any = None,
+                 timestamp_fn: Optional[Callable[[Any], Any]] = None,
+                 queries: Optional[beam.PCollection] = None,
+                 query_fn: Optional[Callable[[Any], Any]] = None,
+                 query_id_fn: Optional[Callable[[Any], Any]] = None,
+                 query_timestamp_fn: Optional[Callable[[Any], Any]] = None,
+                 query_key_fn: Optional[Callable[[Any], Any]] = None,
+                 allowed_lateness: Optional[Union[float, datetime.timedelta]] = datetime.timedelta(days=1),
+                 late: str = "defer", rng: Union[None, int, NoiseSource] = None,
+                 noise_key: Optional[NoiseKey] = None,
+                 transient_errors: Sequence[Type[BaseException]] = TRANSIENT_ERRORS,
+                 label: Optional[str] = None) -> None:
+        super().__init__(universe_fn, universe_size, step, **_common_options(locals()))
         if n is None:
             raise ValueError("n is required: the database size from which queries are answered")
         options = dict(pmwg_options or {})

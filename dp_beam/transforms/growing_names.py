@@ -1,6 +1,7 @@
-"""The DESIGN.md names of the growing-database transforms: ``dpb.BBScheduler``, ``dpb.BBImprover``, ``dpb.PMWG``.
+"""The growing-database transforms under their ``docs/design.md`` (D1) names: ``dpb.BBScheduler``,
+``dpb.BBImprover``, ``dpb.PMWG``.
 
-Thin aliases (spec growing_databases.md §1, §2, §4): ``BBScheduler(...)`` is
+Thin aliases (``docs/privacy/growing.md`` G-3, G-4, G-5, G-8): ``BBScheduler(...)`` is
 ``GrowingSynthetic(..., scheduler="epochs")``, ``BBImprover(...)`` is
 ``GrowingSynthetic(..., scheduler="every_step")`` and ``PMWG(...)`` is
 ``GrowingQueries(...)``; every argument and output is theirs.
@@ -19,7 +20,7 @@ __all__ = ["BBScheduler", "BBImprover", "PMWG"]
 
 
 class BBScheduler(GrowingSynthetic):
-    """``GrowingSynthetic(..., scheduler="epochs")``: one black-box run per epoch (spec §1)."""
+    """``GrowingSynthetic(..., scheduler="epochs")``: one black-box run per epoch (growing.md G-3, G-4)."""
 
     def __init__(self, universe_fn, universe_size, **kwargs):
         if "scheduler" in kwargs:
@@ -29,7 +30,7 @@ class BBScheduler(GrowingSynthetic):
 
 class BBImprover(GrowingSynthetic):
     """``GrowingSynthetic(..., scheduler="every_step")``: a run after every step with arrivals
-    (spec §2); needs ``delta`` in (0, 1/e)."""
+    (growing.md G-5); needs ``delta`` in (0, 1/e)."""
 
     def __init__(self, universe_fn, universe_size, **kwargs):
         if "scheduler" in kwargs:
@@ -38,4 +39,4 @@ class BBImprover(GrowingSynthetic):
 
 
 class PMWG(GrowingQueries):
-    """``GrowingQueries``: Private Multiplicative Weights for Growing databases (spec §4)."""
+    """``GrowingQueries``: Private Multiplicative Weights for Growing databases (growing.md G-8)."""

@@ -1,12 +1,12 @@
 """``IncrementalRegression``: a private linear model of the stream so far, released every step.
 
 Seed 002, Kasiviswanathan, Nissim, Jin, *Private Incremental Regression*
-(``shared/seeds/002_e2567d933c03fbbd.txt``); spec
-private_erm_and_incremental_regression.md §2–3. Engine-free mechanisms:
+(arXiv:1701.01093); privacy arguments in ``docs/privacy/regression.md``. Engine-free
+mechanisms:
 :mod:`dp_beam.mechanisms.regression` (``method="tree"``: PrivIncReg1,
 ``"projection"``: PrivIncReg2, ``"batch"`` (alias ``"rerun"``): PrivIncERM).
 
-Shape (DESIGN.md "time model"): every event is validated, clipped to
+Shape (docs/design.md D2): every event is validated, clipped to
 ``‖x‖ <= 1``, ``|y| <= 1`` (public bounds; counted in the ``clipped`` metric)
 and mapped in parallel to z = x, or ``z = clip(Φx/√m)`` for the projection
 method; a per-step ``CombinePerKey`` (keyed by (key, step) in the global
@@ -40,15 +40,17 @@ from __future__ import annotations
 
 import datetime
 import math
-from typing import Optional
+from typing import Any, Callable, Optional, Sequence, Type, Union
 
 import apache_beam as beam
 import numpy as np
 from apache_beam.metrics import Metrics
+from numpy.typing import ArrayLike
 
 from dp_beam.mechanisms import ZeroNoise, make_noise
-from dp_beam.mechanisms.noise_key import KeyedNoise
-from dp_beam.mechanisms.regression import (L2Ball, PrivIncERM, PrivIncERMParams, PrivIncReg1,
+from dp_beam.mechanisms.noise import NoiseSource
+from dp_beam.mechanisms.noise_key import KeyedNoise, NoiseKey
+from dp_beam.mechanisms.regression import (Constraint, L2Ball, PrivIncERM, PrivIncERMParams, PrivIncReg1,
                                            PrivIncReg1Params, PrivIncReg2, PrivIncReg2Params,
                                            check_constraint, clip_point, encode_points,
                                            project_features, svec_dim)
@@ -65,7 +67,7 @@ from dp_beam.transforms.streams import (private_keys, release_streams, set_relea
 __all__ = ["IncrementalRegression", "RegressionReleaseSpec", "RegressionRecord", "METHODS",
            "NEIGHBOURS"]
 
-#: ``method=`` values: PrivIncReg1, PrivIncReg2, PrivIncERM ("rerun" is DESIGN.md's name for it).
+#: ``method=`` values: PrivIncReg1, PrivIncReg2, PrivIncERM ("rerun" is the name ``docs/design.md`` D1 uses).
 METHODS = {"tree": PrivIncReg1, "projection": PrivIncReg2, "batch": PrivIncERM,
            "rerun": PrivIncERM}
 
@@ -196,8 +198,8 @@ class _SumMoments(beam.CombineFn):
 class RegressionReleaseSpec(ReleaseSpec):
     """Feeds each step's sums to the stream's mechanism and emits its model."""
 
-    def __init__(self, transform, step_seconds, mechanism_cls, params, ledger_template,
-                 projection=None):
+    def __init__(self, transform: str, step_seconds: float, mechanism_cls: type, params: Any,
+                 ledger_template: LedgerEntry, projection: Optional[np.ndarray] = None) -> None:
         self.transform = transform
         self.step_seconds = step_seconds
         self.horizon = None  # the schedule's end stops the streams
@@ -320,9 +322,9 @@ class IncrementalRegression(beam.PTransform):
       timestamp_fn: optional element → event time in epoch seconds.
       counter: ``"blt"`` (default) or ``"tree"``; calibration: ``"zcdp"`` or
         ``"analytic"``; split: ``"zcdp"`` (default) or ``"basic"`` (each sum
-        (ε/2, δ/2), the spec's); solver: ``"exact"`` or ``"noisy_proj_grad"``.
+        (ε/2, δ/2), the paper's; regression.md R-5); solver: ``"exact"`` or ``"noisy_proj_grad"``.
       projection_dim, feature_width, expected_events: PrivIncReg2's m, or the
-        public w(X) and expected record count of the spec's rule for m.
+        public w(X) and expected record count of the rule for m (R-7).
       tau, lam, batch_noise: PrivIncERM's period (steps), ridge λ and noise
         (``"l2_laplace"`` or ``"gaussian"``).
       allowed_lateness, late, noise_key, transient_errors, label: as ``ContinualCount``.
@@ -330,13 +332,20 @@ class IncrementalRegression(beam.PTransform):
         seed or a ``NoiseSource``.
     """
 
-    def __init__(self, features_fn, label_fn, dim, epsilon, delta, step, *, method="tree",
-                 constraint=None, start=None, end=None, key_fn=None, keys=None, timestamp_fn=None,
-                 counter="blt", solver="exact", calibration="zcdp", split="zcdp",
-                 projection_dim=None, feature_width=None, expected_events=None, tau=None,
-                 lam=None, batch_noise="l2_laplace", allowed_lateness=datetime.timedelta(days=1),
-                 late="defer", rng=None, noise_key=None, transient_errors=TRANSIENT_ERRORS,
-                 label=None):
+    def __init__(self, features_fn: Callable[[Any], ArrayLike], label_fn: Callable[[Any], float],
+                 dim: int, epsilon: float, delta: float, step: Union[float, datetime.timedelta], *,
+                 method: str = "tree", constraint: Optional[Constraint] = None, start: Any = None,
+                 end: Any = None, key_fn: Optional[Callable[[Any], Any]] = None, keys: Any = None,
+                 timestamp_fn: Optional[Callable[[Any], Any]] = None, counter: str = "blt",
+                 solver: str = "exact", calibration: str = "zcdp", split: str = "zcdp",
+                 projection_dim: Optional[int] = None, feature_width: Optional[float] = None,
+                 expected_events: Optional[int] = None, tau: Optional[int] = None,
+                 lam: Optional[float] = None, batch_noise: str = "l2_laplace",
+                 allowed_lateness: Optional[Union[float, datetime.timedelta]] = datetime.timedelta(days=1),
+                 late: str = "defer", rng: Union[None, int, NoiseSource] = None,
+                 noise_key: Optional[NoiseKey] = None,
+                 transient_errors: Sequence[Type[BaseException]] = TRANSIENT_ERRORS,
+                 label: Optional[str] = None) -> None:
         super().__init__(label)
         self._transient = check_transient_errors(transient_errors)
         for name, fn in (("features_fn", features_fn), ("label_fn", label_fn)):

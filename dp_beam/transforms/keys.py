@@ -1,6 +1,6 @@
 """Private key selection over an unbounded stream: ``keys=dpb.PrivateKeys(...)``.
 
-A key seen in the data is not public (DESIGN.md "time model"): one event of a
+A key seen in the data is not public (``docs/design.md`` D4): one event of a
 new key would create a stream. When the key set cannot be declared, it is
 selected privately, as PipelineDP and Privacy on Beam do for batch partitions,
 but continually: each candidate key runs a continual counter over the number
@@ -29,11 +29,14 @@ may still be admitted.
 """
 
 import math
+from typing import Optional, Tuple, Union
 
 import apache_beam as beam
 from apache_beam import pvalue
 
 from dp_beam.mechanisms.key_selection import KeySelection
+from dp_beam.mechanisms.noise import NoiseSource
+from dp_beam.mechanisms.noise_key import NoiseKey
 from dp_beam.records import KeyAdmitted, LedgerEntry
 from dp_beam.transforms.release import (ACCOUNTING, OrderedReleaseDoFn, ReleaseSpec)
 from dp_beam.transforms.events import INVALID
@@ -90,7 +93,8 @@ class PrivateKeys:
     ('sparse_vector', 'key_selection+sparse_vector(laplace)')
     """
 
-    def __init__(self, epsilon, delta, max_keys_per_unit=1, noise="laplace", method="sparse_vector"):
+    def __init__(self, epsilon: float, delta: float, max_keys_per_unit: int = 1,
+                 noise: str = "laplace", method: str = "sparse_vector") -> None:
         # Validated now, naming the parameter; the horizon is known only once
         # the transform's schedule is.
         KeySelection(epsilon, delta, max_keys_per_unit=max_keys_per_unit, noise=noise, method=method)
@@ -99,12 +103,12 @@ class PrivateKeys:
         self.noise = noise
         self.method = method
 
-    def selection(self, horizon=None) -> KeySelection:
+    def selection(self, horizon: Optional[int] = None) -> KeySelection:
         """The engine-free selection for streams of ``horizon`` steps (``None``: unbounded)."""
         return KeySelection(self.epsilon, self.delta, max_keys_per_unit=self.max_keys_per_unit,
                             noise=self.noise, horizon=horizon, method=self.method)
 
-    def ledger_entry(self, transform: str, unit: str, horizon=None) -> LedgerEntry:
+    def ledger_entry(self, transform: str, unit: str, horizon: Optional[int] = None) -> LedgerEntry:
         """The selection's one charge (``scope="stream"``: all keys together)."""
         selection = self.selection(horizon)
         cost = selection.privacy_cost()
@@ -112,12 +116,12 @@ class PrivateKeys:
             transform=f"{transform}/keys", unit=unit,
             neighbours=(f"add/remove one {unit} (contributing to at most "
                         f"{self.max_keys_per_unit} key(s))"),
-            epsilon=float(cost["epsilon"]), delta=float(cost["delta"]),
+            epsilon=cost.epsilon, delta=cost.delta,
             # Thresholding adds a δ that no zCDP bound covers: no ρ is claimed.
             rho=math.inf, mechanism=selection.mechanism, scope="stream",
             key=None, sensitivity=1.0, noise="threshold", relation="add/remove")
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return (f"PrivateKeys(epsilon={self.epsilon!r}, delta={self.delta!r}, "
                 f"max_keys_per_unit={self.max_keys_per_unit!r}, noise={self.noise!r}, "
                 f"method={self.method!r})")
@@ -182,8 +186,10 @@ class _StepCount(beam.DoFn):
         yield (key, self._schedule.step_of(ts)), 1
 
 
-def select_keys(units, private_keys: PrivateKeys, schedule: Schedule, transform: str, unit: str,
-                bounded: bool, seed=None, noise_key=None):
+def select_keys(units: beam.PCollection, private_keys: PrivateKeys, schedule: Schedule,
+                transform: str, unit: str, bounded: bool,
+                seed: Union[None, int, NoiseSource] = None, noise_key: Optional[NoiseKey] = None,
+                ) -> Tuple[beam.PCollection, beam.PCollection, LedgerEntry, beam.PCollection]:
     """The selection branch: unit signals → admissions.
 
     ``units`` holds ``(key, event time)``, one per (unit, key) pair, at most

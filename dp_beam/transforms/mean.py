@@ -60,10 +60,12 @@ Vector values (spec §3.3)
     whole vector costs ε per stream, as the ledger states.
 """
 
+import dataclasses
 import datetime
 import math
 import numbers
 import pickle
+from typing import Any, Callable, Optional
 
 import apache_beam as beam
 import numpy as np
@@ -74,8 +76,10 @@ from apache_beam.transforms.userstate import ReadModifyWriteStateSpec
 from apache_beam.transforms.window import FixedWindows, GlobalWindows
 from apache_beam.utils.timestamp import Timestamp
 
+from dp_beam.accounting.cost import Cost
 from dp_beam.mechanisms.calibration import eps_from_rho_delta
 from dp_beam.mechanisms.continual_mean import (ContinualMeanCore, MeanAggregate, MeanParams,
+                                               check_keywords, mean_config,
                                                UserState, contribution, user_hash)
 from dp_beam.records import LedgerEntry
 from dp_beam.records_mean import MeanRelease
@@ -688,7 +692,19 @@ class ContinualMean(beam.PTransform):
         Clipping widens by that much per sample, so users that differ are
         not clipped toward the common mean; declare it when users differ
         and the stream is large (``MeanParams`` "user spread").
+      prior_ratio, prior_query: tuned preset: force the level plan's prior
+        ratio θ (``math.inf``: no level takes a prior) and whether the prior
+        query is asked (``True`` needs ``neighbours="values"``); ``None``
+        (default) lets the plan choose from the declared configuration
+        (``MeanParams`` "level plan", "prior query"; accuracy only).
+      tree_levels: the tree depth of ``MeanParams.noise_scale`` (default
+        ``h(max_users)``); reporting only, the trees take their depth from
+        their horizon.
       horizon: steps per stream or ``None`` (unbounded trees, §1.6 U2).
+
+      The parameters from ``beta`` to ``horizon`` are the fields of
+      :class:`dp_beam.mechanisms.continual_mean.MeanConfig`, the same the
+      engine-free ``ContinualMeanMechanism`` takes.
       start, end: the public schedule, as ``ContinualCount``: every stream
         releases every step from ``start`` (the first user does not start it)
         to ``end`` (required for bounded input unless ``horizon`` is given).
@@ -751,14 +767,19 @@ class ContinualMean(beam.PTransform):
     ('value', 'b', [1.5, 3.0])
     """
 
-    def __init__(self, user_fn, value_fn, lower, upper, max_samples_per_user, epsilon, step, *,
-                 start=None, end=None, key_fn=None, keys=None, max_keys_per_user=1, dim=None,
-                 max_users=1_000_000, beta=0.1, neighbours="participation", noise=None,
-                 delta=None, preset="tuned", median_budget=None, horizon=None, user_spread=0.0,
-                 timestamp_fn=None,
-                 allowed_lateness=datetime.timedelta(days=1), late="defer",
-                 mechanism=None, rng=None, noise_key=None, transient_errors=TRANSIENT_ERRORS,
-                 shards=None, label=None):
+    def __init__(self, user_fn: Callable[[Any], Any], value_fn: Callable[[Any], Any], lower: Any,
+                 upper: Any, max_samples_per_user: int, epsilon: float, step: Any, *,
+                 start: Any = None, end: Any = None, key_fn: Optional[Callable[[Any], Any]] = None,
+                 keys: Any = None, max_keys_per_user: int = 1, dim: Optional[int] = None,
+                 max_users: int = 1_000_000, timestamp_fn: Optional[Callable[[Any], Any]] = None,
+                 allowed_lateness: Any = datetime.timedelta(days=1), late: str = "defer",
+                 rng: Any = None, noise_key: Any = None, transient_errors: Any = TRANSIENT_ERRORS,
+                 shards: Optional[int] = None, label: Optional[str] = None, **params: Any) -> None:
+        # `params`: the rest of MeanConfig's fields (beta, neighbours, noise, delta, preset,
+        # median_budget, tree_levels, mechanism, horizon, prior_ratio, prior_query,
+        # user_spread), the parameter list the engine-free mechanism takes too.
+        check_keywords(type(self).__name__, params)
+        horizon = params.get("horizon")
         super().__init__(label)
         self._transient = check_transient_errors(transient_errors)
         for name, fn in (("user_fn", user_fn), ("value_fn", value_fn)):
@@ -788,21 +809,20 @@ class ContinualMean(beam.PTransform):
                 f"max_keys_per_user={max_keys_per_user}")
         self._horizon = horizon
         epsilon = _positive_real("epsilon", epsilon)
-        # mechanism=None: MeanParams picks by preset, noise family and horizon.
-        kw = dict(dim=self._dim, neighbours=neighbours, noise=noise, delta=delta,
-                  median_budget=median_budget, mechanism=mechanism, horizon=horizon,
-                  preset=preset, user_spread=user_spread)
         # The whole budget first: it validates every parameter with its name.
-        whole = MeanParams(max_users, max_samples_per_user, epsilon, beta, **kw)
+        config = mean_config(type(self).__name__, max_users=max_users,
+                             max_samples_per_user=max_samples_per_user, epsilon=epsilon,
+                             dim=self._dim, **params)
+        whole = MeanParams(config)
         k = self._max_keys
         if k == 1:
             self._params = whole
         elif whole.noise == "laplace":
-            self._params = MeanParams(max_users, max_samples_per_user, epsilon / k, beta, **kw)
+            self._params = MeanParams(dataclasses.replace(config, epsilon=epsilon / k))
         else:
             # zCDP adds up over the k streams: each gets ρ/k of the whole ρ(ε, δ).
             eps_k = eps_from_rho_delta(whole.rho_total / k, whole.delta)
-            self._params = MeanParams(max_users, max_samples_per_user, eps_k, beta, **kw)
+            self._params = MeanParams(dataclasses.replace(config, epsilon=eps_k))
 
     @property
     def params(self):
@@ -813,15 +833,16 @@ class ContinualMean(beam.PTransform):
     def dim(self):
         return self._dim
 
-    def cost(self):
-        """The per-user cost over all keys: k times one stream's (``{"epsilon", "delta", "rho"}``)."""
+    def cost(self) -> Cost:
+        """The per-user cost over all keys: k times one stream's."""
         p, k = self._params, self._max_keys
         stream = p.privacy_cost()
         if p.noise == "laplace":
-            return {"epsilon": k * stream["epsilon"], "delta": 0.0, "rho": k * stream["rho"]}
-        rho = k * stream["rho"]
-        return {"epsilon": eps_from_rho_delta(rho, p.delta) if k > 1 else stream["epsilon"],
-                "delta": p.delta, "rho": rho}
+            return k * stream
+        # zCDP composes the k streams (the ρ add); δ is the conversion's, not k·δ.
+        rho = k * stream.rho
+        return Cost.gaussian(rho, p.delta,
+                             epsilon=eps_from_rho_delta(rho, p.delta) if k > 1 else stream.epsilon)
 
     def _neighbours(self):
         p = self._params

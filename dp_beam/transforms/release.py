@@ -1,6 +1,6 @@
 """The ordered release DoFn: one per stream, generic over the mechanism.
 
-DESIGN.md "time model": per-event work is combined per step upstream, so this
+``docs/design.md`` D1.3, D2: per-event work is combined per step upstream, so this
 stateful DoFn sees one aggregate per step per stream (plus late panes). It
 buffers the aggregates in a BagState and releases on an event-time timer, in
 step order, once the watermark has passed a step; a looping timer releases the
@@ -13,14 +13,14 @@ restore the mechanism, how to merge aggregates and what to emit per step.
 
 The mechanism's state cell is rewritten at every firing, so it must stay small.
 A mechanism that must keep data for later (the ERM streams keep raw blocks,
-spec private_erm_and_incremental_regression.md §3) sets
+``docs/design.md`` D1.3) sets
 ``ReleaseSpec.uses_log``: :func:`release_in_order` then runs
 :class:`LoggedReleaseDoFn`, which gives it a per-key append-only
 :class:`BagLog` (a ``BagState``) read only when needed. Specs without it run
 :class:`OrderedReleaseDoFn` with exactly its own state cells.
 """
 
-from typing import Any, Iterable, List, NamedTuple, Optional, Tuple
+from typing import Any, Iterable, List, NamedTuple, Optional, Tuple, Union
 
 import apache_beam as beam
 import numpy as np
@@ -31,7 +31,7 @@ from apache_beam.transforms.timeutil import TimeDomain
 from apache_beam.transforms.userstate import (BagStateSpec, ReadModifyWriteStateSpec,
                                               TimerSpec, on_timer)
 
-from dp_beam.mechanisms import make_noise
+from dp_beam.mechanisms import NoiseSource, make_noise
 from dp_beam.mechanisms.noise_key import KeyedNoise, NoiseKey, encode_identity
 from dp_beam.mechanisms.stable_hash import stable_hash
 from dp_beam.progress import ReleaseProgress
@@ -83,40 +83,40 @@ class ReleaseSpec:
     #: rewrites only the mechanism's small state at each firing.
     uses_log: bool = False
 
-    def zero(self):
+    def zero(self) -> Any:
         return (0.0, 0)
 
-    def merge(self, a, b):
+    def merge(self, a: Any, b: Any) -> Any:
         return (a[0] + b[0], a[1] + b[1])
 
-    def events(self, aggregate) -> int:
+    def events(self, aggregate: Any) -> int:
         return int(aggregate[1])
 
-    def new_mechanism(self, rng, first=None):
+    def new_mechanism(self, rng: Any, first: Optional[int] = None) -> Any:
         """A new mechanism for a stream opening at step ``first`` (with ``uses_log``, called with
         ``log=`` as well)."""
         raise NotImplementedError
 
-    def restore(self, state, rng):
+    def restore(self, state: Any, rng: Any) -> Any:
         """The mechanism of ``state`` (with ``uses_log``, called with ``log=`` as well)."""
         raise NotImplementedError
 
-    def reseed(self, mechanism, rng, **with_log):
+    def reseed(self, mechanism: Any, rng: Any, **with_log: Any) -> Any:
         """``mechanism`` continuing with the noise source ``rng``: by default
         ``restore(mechanism.to_state(), rng)``; a spec whose mechanisms can swap
         their source in place may do that instead (the same releases, without
         the state round trip at every step)."""
         return self.restore(mechanism.to_state(), rng, **with_log)
 
-    def release(self, mechanism, key, step: int, aggregate) -> Iterable[Any]:
+    def release(self, mechanism: Any, key: Any, step: int, aggregate: Any) -> Iterable[Any]:
         """Feeds one step's aggregate to the mechanism; returns the records to emit."""
         raise NotImplementedError
 
-    def ledger(self, key) -> List[Any]:
+    def ledger(self, key: Any) -> List[Any]:
         """Ledger entries charged when the stream of ``key`` opens."""
         raise NotImplementedError
 
-    def done(self, mechanism) -> bool:
+    def done(self, mechanism: Any) -> bool:
         """True when the stream will release nothing more (key selection after admission)."""
         return False
 
@@ -124,7 +124,7 @@ class ReleaseSpec:
         return (step + 1) * self.step_seconds
 
 
-def key_label(key):
+def key_label(key: Any) -> Any:
     """A stream key as a noise identity label: itself when it has a canonical encoding
     (str, int, float, bytes, None, tuples of those), else its type and ``repr``."""
     if key is None or type(key) in (str, int, float, bytes):
@@ -137,7 +137,7 @@ def key_label(key):
 
 
 class BagLog:
-    """A per-key append-only log in a Beam ``BagState``, read lazily (spec of seed 004, §3).
+    """A per-key append-only log in a Beam ``BagState``, read lazily (``docs/design.md`` D1.3).
 
     For a spec with ``uses_log``: the mechanism appends entries ``(index,
     payload)`` with consecutive int indices, reads back ranges of them, and
@@ -182,7 +182,8 @@ class BagLog:
     [4]
     """
 
-    def __init__(self, bag, meta, reads=None, compactions=None):
+    def __init__(self, bag: Any, meta: Any, reads: Optional[Any] = None,
+                 compactions: Optional[Any] = None) -> None:
         self._bag = bag
         self._meta = meta
         stored = meta.read()
@@ -194,10 +195,10 @@ class BagLog:
         self._reads, self._compactions = reads, compactions
         self.bag_reads = 0
 
-    def append(self, index, payload):
+    def append(self, index: int, payload: Any) -> None:
         self._pending[index] = payload
 
-    def release_before(self, keep):
+    def release_before(self, keep: int) -> None:
         self._keep = keep if self._keep is None else max(self._keep, keep)
 
     def _load(self):
@@ -208,7 +209,7 @@ class BagLog:
                 self._reads.inc(len(self._loaded))
         return self._loaded
 
-    def read(self, lo, hi):
+    def read(self, lo: int, hi: int) -> List[Any]:
         """Payloads of entries lo+1..hi, in order (the bag is read only for older entries)."""
         out = []
         for i in range(lo + 1, hi + 1):
@@ -222,11 +223,11 @@ class BagLog:
         return out
 
     @property
-    def stored(self):
+    def stored(self) -> int:
         """Entries in the bag (after :meth:`flush`)."""
         return self._stored
 
-    def flush(self):
+    def flush(self) -> None:
         """Writes this firing's appends (and compacts); call once, at the end of the firing."""
         keep = self._keep if self._keep is not None else 1
         indices = sorted(self._pending)
@@ -282,7 +283,7 @@ class OrderedReleaseDoFn(beam.DoFn):
     release records; tagged outputs ``accounting`` (ledger entries, once per
     stream when it opens) and ``invalid``.
 
-    The schedule is public (DESIGN.md "time model"): a stream releases every
+    The schedule is public (``docs/design.md`` D2): a stream releases every
     step from the step it opens at through ``end_step − 1``, events or not.
     Aggregates of a stream that has not opened yet wait in the buffer; those of
     steps before the opening step are merged into it (the first release covers
@@ -309,7 +310,7 @@ class OrderedReleaseDoFn(beam.DoFn):
     A :class:`~dp_beam.transforms.schedule.NotAdmitted` aggregate closes a
     stream that never opened: its buffered events go to ``invalid``.
 
-    Noise (DESIGN.md "Noise and randomness"): with ``seed=None``
+    Noise (``docs/design.md`` D5): with ``seed=None``
     (production) every draw is a function of the secret ``noise_key`` and
     the draw's identity (transform label, stream key, step, and whether the
     stream opens or steps there), through :class:`KeyedNoise`: the mechanism
@@ -329,8 +330,9 @@ class OrderedReleaseDoFn(beam.DoFn):
     TIMER = TimerSpec("release", TimeDomain.WATERMARK)
 
     def __init__(self, spec: ReleaseSpec, bounded: bool, late: str = "defer",
-                 seed=None, end_step: Optional[int] = None, opens: str = "start",
-                 noise_key: Optional[NoiseKey] = None, allowed_lateness: Optional[float] = None):
+                 seed: Union[None, int, NoiseSource] = None, end_step: Optional[int] = None,
+                 opens: str = "start", noise_key: Optional[NoiseKey] = None,
+                 allowed_lateness: Optional[float] = None) -> None:
         if late not in ("defer", "drop"):
             raise ValueError(f"late must be 'defer' or 'drop', got {late!r}")
         if opens not in ("start", "data"):
@@ -617,8 +619,9 @@ class LoggedReleaseDoFn(OrderedReleaseDoFn):
     LOG_META = ReadModifyWriteStateSpec("log_meta", PickleCoder())
 
     def __init__(self, spec: ReleaseSpec, bounded: bool, late: str = "defer",
-                 seed=None, end_step: Optional[int] = None, opens: str = "start",
-                 noise_key: Optional[NoiseKey] = None, allowed_lateness: Optional[float] = None):
+                 seed: Union[None, int, NoiseSource] = None, end_step: Optional[int] = None,
+                 opens: str = "start", noise_key: Optional[NoiseKey] = None,
+                 allowed_lateness: Optional[float] = None) -> None:
         super().__init__(spec, bounded, late, seed, end_step, opens, noise_key, allowed_lateness)
         self._log_reads = Metrics.counter(NAMESPACE, f"{spec.transform}.log_entries_read")
         self._log_compactions = Metrics.counter(NAMESPACE, f"{spec.transform}.log_compactions")
@@ -646,9 +649,14 @@ class LoggedReleaseDoFn(OrderedReleaseDoFn):
                               earliest_state, timer, log=log)
 
 
-def release_in_order(aggregates, spec, plan, invalids, *, schedule: Schedule, seeds, bounded,
-                     late, seed, noise_key=None, extra_releases=(), extra_accounting=(),
-                     allowed_lateness=None, shards=0, combine_fn=None):
+def release_in_order(aggregates: beam.PCollection, spec: ReleaseSpec, plan: Iterable[Any],
+                     invalids: Iterable[beam.PCollection], *, schedule: Schedule,
+                     seeds: beam.PCollection, bounded: bool, late: str,
+                     seed: Union[None, int, NoiseSource], noise_key: Optional[NoiseKey] = None,
+                     extra_releases: Iterable[beam.PCollection] = (),
+                     extra_accounting: Iterable[beam.PCollection] = (),
+                     allowed_lateness: Optional[float] = None, shards: int = 0,
+                     combine_fn: Optional[beam.CombineFn] = None) -> ContinualResult:
     """Applies the ordered release to per-step aggregates; the common tail of every transform.
 
     ``aggregates`` are ``(key, (step, aggregate))`` in the global window and

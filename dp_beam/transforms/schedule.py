@@ -1,6 +1,6 @@
 """The public release schedule and the public key set of a continual transform.
 
-DESIGN.md "time model": nothing in the *shape* of the output may depend on the
+``docs/design.md`` D2: nothing in the *shape* of the output may depend on the
 data. Every stream releases once per step from the declared ``start`` up to
 the declared ``end`` (or, streaming without ``end``, with the watermark,
 forever), events or not; a stream exists for each declared key (``keys=[...]``)
@@ -16,7 +16,7 @@ picklable :class:`Schedule` the per-event stages and the release DoFn share.
 import datetime
 import math
 import numbers
-from typing import Any, FrozenSet, Iterable, NamedTuple, Optional
+from typing import Any, Callable, FrozenSet, Iterable, NamedTuple, Optional, Tuple
 
 import apache_beam as beam
 
@@ -81,7 +81,7 @@ class Schedule(NamedTuple):
     def step_of(self, seconds: float) -> int:
         return int(round(seconds * 1e6)) // self.step_micros
 
-    def window(self, step: int):
+    def window(self, step: int) -> Tuple[float, float]:
         return step * self.step_seconds, (step + 1) * self.step_seconds
 
     def check(self, step: int) -> Optional[str]:
@@ -161,7 +161,8 @@ class DeclaredKeys(NamedTuple):
     keys: Optional[FrozenSet[Any]]
     pcoll: Optional[beam.PCollection]
 
-    def seeds(self, pipeline, start_step: int, label: str = "DeclaredKeys"):
+    def seeds(self, pipeline: beam.Pipeline, start_step: int,
+              label: str = "DeclaredKeys") -> beam.PCollection:
         """``(key, (start_step, StreamStart()))`` for every declared key: every stream opens at ``start``."""
         if self.pcoll is not None:
             if not self.pcoll.is_bounded:
@@ -177,7 +178,7 @@ class DeclaredKeys(NamedTuple):
                 | f"{label}Create" >> beam.Create(
                     sorted(((k, (start_step, StreamStart())) for k in self.keys), key=repr)))
 
-    def side_input(self):
+    def side_input(self) -> Optional[beam.pvalue.AsList]:
         """The side input the validation stage reads (``None`` for a list of keys)."""
         if self.pcoll is None:
             return None
@@ -208,7 +209,7 @@ def _check_key(key):
     return normal
 
 
-def resolve_keys(key_fn, keys) -> Any:
+def resolve_keys(key_fn: Optional[Callable[[Any], Any]], keys: Any) -> Any:
     """Validates ``key_fn``/``keys``: ``None`` (one unkeyed stream), :class:`DeclaredKeys`, or ``keys`` itself
     when it is a private selection (a ``dp_beam.PrivateKeys``)."""
     from dp_beam.transforms.keys import PrivateKeys  # keys.py builds on this module

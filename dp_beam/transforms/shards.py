@@ -56,7 +56,7 @@ KEYS_PER_SHARD = 64
 
 
 @functools.lru_cache(maxsize=1 << 16)
-def shard_of(key, shards: int) -> int:
+def shard_of(key: Any, shards: int) -> int:
     """The shard of a stream key: SHA-256 of its canonical encoding, modulo ``shards``.
 
     Stable across processes, workers and runs (Python's ``hash`` is salted),
@@ -146,7 +146,7 @@ class ShardedReleaseDoFn(beam.DoFn):
     ARMED = ReadModifyWriteStateSpec("armed", PickleCoder())
     TIMER = TimerSpec("release", TimeDomain.WATERMARK)
 
-    def __init__(self, inner: OrderedReleaseDoFn):
+    def __init__(self, inner: OrderedReleaseDoFn) -> None:
         if not isinstance(inner, OrderedReleaseDoFn) or getattr(inner._spec, "uses_log", False):
             raise ValueError("inner must be an OrderedReleaseDoFn over a spec without a log")
         self._inner = inner
@@ -218,7 +218,8 @@ class BatchShardReleaseDoFn(beam.DoFn):
     path computes it; float sums may add in another order).
     """
 
-    def __init__(self, inner: OrderedReleaseDoFn, combine_fn: Optional[beam.CombineFn] = None):
+    def __init__(self, inner: OrderedReleaseDoFn,
+                 combine_fn: Optional[beam.CombineFn] = None) -> None:
         if not isinstance(inner, OrderedReleaseDoFn) or getattr(inner._spec, "uses_log", False):
             raise ValueError("inner must be an OrderedReleaseDoFn over a spec without a log")
         if not inner._bounded:

@@ -5,7 +5,7 @@ A step is ``timestamp.micros // step_micros``: the epoch-aligned grid of
 (bounded) paths of :func:`per_step` agree on every event's step.
 """
 
-from typing import Any, Tuple
+from typing import Any, Optional, Tuple
 
 import apache_beam as beam
 from apache_beam.transforms.window import FixedWindows, GlobalWindows
@@ -22,7 +22,7 @@ class KeyByStep(beam.DoFn):
     """``(key, value)`` → ``((key, step), value)``: the step of the element's timestamp on the
     epoch-aligned grid, as ``FixedWindows`` would assign it."""
 
-    def __init__(self, step_micros):
+    def __init__(self, step_micros: int) -> None:
         self._step_micros = step_micros
 
     def process(self, element, timestamp=beam.DoFn.TimestampParam):
@@ -35,7 +35,7 @@ class EventStep(beam.DoFn):
     """``(key, value)`` → ``(key, (step, value))``: one event and its step, for a release that
     combines per (key, step) itself."""
 
-    def __init__(self, step_micros):
+    def __init__(self, step_micros: int) -> None:
         self._step_micros = step_micros
 
     def process(self, element, timestamp=beam.DoFn.TimestampParam):
@@ -48,7 +48,7 @@ class StepEnd(beam.DoFn):
     """``((key, step), aggregate)`` → ``(key, (step, aggregate))`` stamped at the step's last
     microsecond, where a windowed combine of the step would have put it."""
 
-    def __init__(self, step_micros):
+    def __init__(self, step_micros: int) -> None:
         self._step_micros = step_micros
 
     def process(self, element):
@@ -61,7 +61,7 @@ class StepEnd(beam.DoFn):
 class StepOf(beam.DoFn):
     """Attaches the epoch-aligned step index of the fixed window."""
 
-    def __init__(self, step_micros):
+    def __init__(self, step_micros: int) -> None:
         self._step_micros = step_micros
 
     def process(self, element, window=beam.DoFn.WindowParam):
@@ -125,7 +125,8 @@ class _FanoutCombinePerKey(beam.PTransform):
                 | "PostCombine" >> beam.CombinePerKey(_MergePartials(self._fn)))
 
 
-def per_step(valid, combine_fn, step_seconds, step_micros, bounded, fanout=None):
+def per_step(valid: beam.PCollection, combine_fn: beam.CombineFn, step_seconds: float,
+             step_micros: int, bounded: bool, fanout: Optional[int] = None) -> beam.PCollection:
     """``(key, value)`` events → ``(key, (step, aggregate))`` in the global window.
 
     Streaming: ``combine_fn`` per key in event-time fixed windows of one

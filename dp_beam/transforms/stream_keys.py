@@ -31,7 +31,7 @@ stateful DoFns, which Beam's default ``FastPrimitivesCoder`` is not.
 import math
 import numbers
 import struct
-from typing import Any, Tuple
+from typing import Any, Optional, Tuple
 
 import numpy as np
 from apache_beam import coders
@@ -57,7 +57,7 @@ def _number(value):
     return (int(f) if f.is_integer() else f), None
 
 
-def normalize_key(value, depth=0):
+def normalize_key(value: Any, depth: int = 0) -> Tuple[Any, Optional[str]]:
     """``(id, None)``: ``value`` as a normalised key or user id; or ``(None, reason)``.
 
     ``reason`` names what the id is (it completes "key_fn returned ...").
@@ -193,19 +193,19 @@ class StreamKeyCoder(coders.Coder):
     (True, True)
     """
 
-    def encode(self, value):
+    def encode(self, value: Any) -> bytes:
         out = []
         _encode(value, out)
         return b"".join(out)
 
-    def decode(self, encoded):
+    def decode(self, encoded: bytes) -> Any:
         value, _ = _decode(encoded, 0)
         return value
 
-    def is_deterministic(self):
+    def is_deterministic(self) -> bool:
         return True
 
-    def to_type_hint(self):
+    def to_type_hint(self) -> Any:
         return StreamKey
 
     def __eq__(self, other):

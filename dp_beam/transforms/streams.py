@@ -5,20 +5,22 @@ The options (``step``, ``start``, ``end``, ``horizon``, ``key_fn``/``keys``,
 :func:`set_release_options`; :func:`validation` gives the per-event stage what
 it needs to reject events outside the schedule or of undeclared keys; and
 :func:`release_streams` opens one stream per public key (or per privately
-admitted key) and runs the ordered release (DESIGN.md "time model").
+admitted key) and runs the ordered release (``docs/design.md`` D1.3, D2).
 """
 
 import datetime
 import math
 import numbers
+from typing import Any, Callable, Dict, FrozenSet, Iterable, Optional, Tuple, Union
 
 import apache_beam as beam
 
 from dp_beam.mechanisms import NoiseSource
 from dp_beam.mechanisms.noise_key import NoiseKey
 from dp_beam.transforms.keys import PrivateKeys, select_keys
-from dp_beam.transforms.release import release_in_order
-from dp_beam.transforms.schedule import (DeclaredKeys, StreamStart, resolve_keys,
+from dp_beam.records import LedgerEntry
+from dp_beam.transforms.release import ContinualResult, ReleaseSpec, release_in_order
+from dp_beam.transforms.schedule import (DeclaredKeys, Schedule, StreamStart, resolve_keys,
                                          resolve_schedule)
 from dp_beam.transforms.shards import default_shards
 
@@ -26,7 +28,7 @@ __all__ = ["seconds", "check_horizon", "set_release_options", "private_keys", "v
            "release_streams"]
 
 
-def seconds(name, value, allow_zero=False) -> float:
+def seconds(name: str, value: Union[float, datetime.timedelta], allow_zero: bool = False) -> float:
     """A length of time given as seconds or ``timedelta``, validated."""
     if isinstance(value, datetime.timedelta):
         value = value.total_seconds()
@@ -37,15 +39,20 @@ def seconds(name, value, allow_zero=False) -> float:
     return float(value)
 
 
-def check_horizon(horizon):
+def check_horizon(horizon: Optional[int]) -> Optional[int]:
     if horizon is not None and (isinstance(horizon, bool) or not isinstance(horizon, int)
                                 or horizon < 1):
         raise ValueError(f"horizon must be an int >= 1 or None, got {horizon!r}")
     return horizon
 
 
-def set_release_options(transform, step, allowed_lateness, late, rng, *, start, end=None,
-                        horizon=None, key_fn=None, keys=None, noise_key=None, shards=None):
+def set_release_options(transform: beam.PTransform, step: Union[float, datetime.timedelta],
+                        allowed_lateness: Union[float, datetime.timedelta], late: str,
+                        rng: Union[None, int, NoiseSource], *, start: Any, end: Any = None,
+                        horizon: Optional[int] = None,
+                        key_fn: Optional[Callable[[Any], Any]] = None, keys: Any = None,
+                        noise_key: Optional[NoiseKey] = None,
+                        shards: Optional[int] = None) -> None:
     """Validates the options every continual transform takes; ``ValueError`` names the parameter.
 
     Sets ``_step`` (seconds), ``_step_micros``, ``_schedule``, ``_keys``
@@ -92,12 +99,12 @@ def set_release_options(transform, step, allowed_lateness, late, rng, *, start, 
     transform._shards = shards
 
 
-def private_keys(transform):
+def private_keys(transform: beam.PTransform) -> Optional[PrivateKeys]:
     """The transform's :class:`PrivateKeys`, or ``None`` when its keys are public."""
     return transform._keys if isinstance(transform._keys, PrivateKeys) else None
 
 
-def validation(transform):
+def validation(transform: beam.PTransform) -> Tuple[Schedule, Optional[FrozenSet[Any]], Dict[str, Any]]:
     """``(schedule, declared key set or None, side-input kwargs)`` for the per-event stage."""
     declared = transform._keys
     if isinstance(declared, DeclaredKeys):
@@ -106,15 +113,18 @@ def validation(transform):
     return transform._schedule, None, {}
 
 
-def raw_steps(transform, events) -> bool:
+def raw_steps(transform: beam.PTransform, events: beam.PCollection) -> bool:
     """True when the release combines the events per (key, step) itself: bounded input
     released by shards (one grouping per shard, see
     :class:`~dp_beam.transforms.shards.BatchShardReleaseDoFn`)."""
     return bool(events.is_bounded and getattr(transform, "_shards", 0))
 
 
-def release_streams(transform, events, aggregates, spec, entry, invalids, *, units=None,
-                    unit="event", combine_fn=None):
+def release_streams(transform: beam.PTransform, events: beam.PCollection,
+                    aggregates: beam.PCollection, spec: ReleaseSpec, entry: LedgerEntry,
+                    invalids: Iterable[beam.PCollection], *,
+                    units: Optional[beam.PCollection] = None, unit: str = "event",
+                    combine_fn: Optional[beam.CombineFn] = None) -> ContinualResult:
     """Opens the public (or privately selected) streams and releases them in step order.
 
     ``units`` are the ``(key, event time)`` signals of first contributions,

@@ -1,9 +1,19 @@
-"""Argument checks shared by the noise sources and mechanisms (checks.py)."""
+"""Argument checks shared by the noise sources, the mechanisms and budgets (checks.py)."""
 
 import numpy as np
 import pytest
 
-from dp_beam.mechanisms.checks import check_scale, check_size, check_step_index
+from dp_beam.mechanisms.checks import (
+    check_delta,
+    check_epsilon,
+    check_int,
+    check_nonnegative,
+    check_probability,
+    check_real,
+    check_scale,
+    check_size,
+    check_step_index,
+)
 
 
 def test_check_scale_returns_a_float():
@@ -46,3 +56,91 @@ def test_the_mechanisms_use_them():
     tree = BinaryTreeMechanism(epsilon=1.0, sensitivity=1.0, horizon=8, rng=SeededNoise(0))
     with pytest.raises(ValueError, match="t must be an int >= 1, got 0"):
         tree.noise_scales(0)
+
+
+# -- the parameter validators of the ERM, regression, growing and budget code -------------------
+
+
+def test_check_real_returns_a_float():
+    assert check_real("lam", 2) == 2.0 and type(check_real("lam", np.float32(0.5))) is float
+    assert check_real("c", 0, nonnegative=True, at_most=1.0) == 0.0
+    assert check_real("bound", float("inf"), positive=True, finite=False) == float("inf")
+
+
+@pytest.mark.parametrize("value, options, message", [
+    (True, {}, "lam must be a real number, got True"),
+    ("1", {}, "lam must be a real number, got '1'"),
+    (None, {}, "lam must be a real number, got None"),
+    (float("nan"), {}, "lam must be finite, got nan"),
+    (float("inf"), {"positive": True}, "lam must be finite, got inf"),
+    (0.0, {"positive": True}, "lam must be > 0, got 0.0"),
+    (-1, {"nonnegative": True}, "lam must be >= 0, got -1.0"),
+    (1.0, {"unit_interval": True}, "lam must be in (0, 1), got 1.0"),
+    (1.0, {"below": 1.0}, "lam must be < 1, got 1.0"),
+    (1.5, {"at_most": 1.0}, "lam must be <= 1, got 1.5"),
+    (0.5, {"below": 0.3678}, "lam must be < 0.3678, got 0.5"),
+])
+def test_check_real_names_the_argument_and_the_failed_condition(value, options, message):
+    with pytest.raises(ValueError) as err:
+        check_real("lam", value, **options)
+    assert str(err.value) == message
+
+
+def test_check_int_minimum_and_optional():
+    assert check_int("n", 1) == 1 and type(check_int("n", np.int64(3))) is int
+    assert check_int("count", 0, 0) == 0
+    assert check_int("tau", None, optional=True) is None
+    for value, options, message in [
+        (0, {}, "n must be an int >= 1, got 0"),
+        (True, {}, "n must be an int >= 1, got True"),
+        (2.0, {"minimum": 2}, "n must be an int >= 2, got 2.0"),
+        (None, {}, "n must be an int >= 1, got None"),
+        (0, {"optional": True}, "n must be an int >= 1 or None, got 0"),
+    ]:
+        with pytest.raises(ValueError) as err:
+            check_int("n", value, **options)
+        assert str(err.value) == message
+
+
+def test_probability_epsilon_and_delta():
+    assert check_probability("beta", 0.05) == 0.05
+    assert check_epsilon(2) == 2.0 and check_epsilon(1, name="epsilon_box") == 1.0
+    assert check_delta(1e-6) == 1e-6
+    with pytest.raises(ValueError, match=r"^beta must be in \(0, 1\), got 0\.0$"):
+        check_probability("beta", 0.0)
+    with pytest.raises(ValueError, match=r"^epsilon must be > 0, got -1\.0$"):
+        check_epsilon(-1)
+    with pytest.raises(ValueError, match=r"^epsilon_box must be > 0"):
+        check_epsilon(0, name="epsilon_box")
+    with pytest.raises(ValueError, match=r"^delta must be in \(0, 1\): .*got None$"):
+        check_delta(None)
+    with pytest.raises(ValueError, match=r"^delta must be in \(0, 1\), got 1\.0$"):
+        check_delta(1.0)
+
+
+def test_check_nonnegative_takes_python_numbers_only():
+    assert check_nonnegative("rho", 0) == 0.0 and check_nonnegative("rho", None, optional=True) is None
+    for value, message in [(None, "rho must be a number, got None"),
+                           (True, "rho must be a number, got True"),
+                           (np.float32(1.0), "rho must be a number, got "),
+                           (-0.5, "rho must be finite and >= 0, got -0.5"),
+                           (float("inf"), "rho must be finite and >= 0, got inf")]:
+        with pytest.raises(ValueError) as err:
+            check_nonnegative("rho", value)
+        assert str(err.value).startswith(message)
+
+
+def test_the_parameter_families_use_the_shared_validators():
+    from dp_beam.accounting.budget import Budget
+    from dp_beam.mechanisms.erm import LogisticLoss
+    from dp_beam.mechanisms.growing import PMWGParams
+    from dp_beam.mechanisms.regression import PrivIncReg1Params
+
+    with pytest.raises(ValueError, match=r"^n_features must be an int >= 1, got 0$"):
+        LogisticLoss(0, [0, 1], 1.0)
+    with pytest.raises(ValueError, match=r"^beta must be in \(0, 1\), got 2\.0$"):
+        PMWGParams(epsilon=1.0, alpha=0.5, n=10, universe_size=4, beta=2.0)
+    with pytest.raises(ValueError, match=r"^delta must be in \(0, 1\): the mechanisms use Gaussian"):
+        PrivIncReg1Params(dim=2, epsilon=1.0, delta=None, horizon=4)
+    with pytest.raises(ValueError, match=r"^rho must be finite and >= 0, got -1\.0$"):
+        Budget(rho=-1.0)

@@ -9,7 +9,7 @@ import pytest
 from dp_beam.mechanisms import SeededNoise, ZeroNoise
 from dp_beam.mechanisms.noise import gaussian_halfwidth
 from dp_beam.mechanisms.continual_mean import (
-    PRIOR_RATIOS, QUERY_SHARE, ContinualMean, ContinualMeanCore, MeanAggregate, MeanParams, MultiTreeMean,
+    PRIOR_RATIOS, QUERY_SHARE, ContinualMeanMechanism, ContinualMeanCore, MeanAggregate, MeanParams, MultiTreeMean,
     NaiveMean,
     SingleTreeMean, StepNaiveMean, StepPriorMean, UserState, prior_truncation,
     _contiguous_arrays, _hashed_arrays, contribution, element_size, exponential_mechanism,
@@ -216,7 +216,7 @@ def test_noise_off_estimate_is_mean_of_represented_samples_values():
     rng = np.random.default_rng(5)
     n, m = 120, 16
     data, steps = _round_robin_steps(n, m, rng, -3.0, 7.0)
-    cm = ContinualMean(-3.0, 7.0, m, 200.0, max_users=n, neighbours="values", rng=ZeroNoise(), preset="paper")
+    cm = ContinualMeanMechanism(-3.0, 7.0, m, 200.0, max_users=n, neighbours="values", rng=ZeroNoise(), preset="paper")
     for i, batch in enumerate(steps, start=1):
         out = cm.step(batch)
         assert all(cm.active.values())
@@ -231,7 +231,7 @@ def test_noise_off_participation_matches_with_exact_counts():
     rng = np.random.default_rng(6)
     n, m = 200, 8
     data, steps = _round_robin_steps(n, m, rng)
-    cm = ContinualMean(0.0, 1.0, m, 200.0, max_users=n, rng=ZeroNoise(), preset="paper")
+    cm = ContinualMeanMechanism(0.0, 1.0, m, 200.0, max_users=n, rng=ZeroNoise(), preset="paper")
     assert cm.params.neighbours == "participation"
     for i, batch in enumerate(steps, start=1):
         out = cm.step(batch)
@@ -245,7 +245,7 @@ def test_noise_off_participation_matches_with_exact_counts():
 def test_inactive_levels_buffer_until_activation_then_feed_once():
     rng = np.random.default_rng(8)
     n, m = 100, 16
-    cm = ContinualMean(0.0, 1.0, m, 8.0, max_users=n, neighbours="values", rng=ZeroNoise(), preset="paper")
+    cm = ContinualMeanMechanism(0.0, 1.0, m, 8.0, max_users=n, neighbours="values", rng=ZeroNoise(), preset="paper")
     p = cm.params
     order = [u for u in range(n) for _ in range(m)]                     # contiguous: A_ℓ grows slowly
     activated_at = {}
@@ -266,7 +266,7 @@ def test_inactive_levels_buffer_until_activation_then_feed_once():
 
 
 def test_cap_m_ignores_and_counts_and_too_many_users_raises():
-    cm = ContinualMean(0, 1, 4, 1.0, max_users=2, neighbours="values", rng=ZeroNoise(), preset="paper")
+    cm = ContinualMeanMechanism(0, 1, 4, 1.0, max_users=2, neighbours="values", rng=ZeroNoise(), preset="paper")
     for _ in range(6):
         cm.step([("a", 0.5)])
     assert cm.ignored == 2 and cm.users["a"].count == 4
@@ -276,7 +276,7 @@ def test_cap_m_ignores_and_counts_and_too_many_users_raises():
 
 
 def test_too_many_users_raise_before_the_step_consumes_anything():
-    cm = ContinualMean(0, 1, 4, 1.0, max_users=2, neighbours="values", rng=ZeroNoise())
+    cm = ContinualMeanMechanism(0, 1, 4, 1.0, max_users=2, neighbours="values", rng=ZeroNoise())
     cm.step([("a", 0.2)])
     with pytest.raises(ValueError, match="max_users=2.*not consumed"):
         cm.step(iter([("a", 0.4), ("b", 0.6), ("c", 0.8)]))
@@ -313,7 +313,7 @@ def test_the_beam_transform_with_more_users_than_max_users_releases_every_step(p
     assert sorted(r.step for r in out["releases"]) == list(range(m))
     assert all(np.all(np.isfinite(r.value)) for r in out["releases"])
     assert out["invalid"] == [] and len(out["accounting"]) == 1
-    engine_free = ContinualMean(0.0, 1.0, m, 1.0, max_users=4, neighbours=neighbours, preset=preset,
+    engine_free = ContinualMeanMechanism(0.0, 1.0, m, 1.0, max_users=4, neighbours=neighbours, preset=preset,
                                 rng=SeededNoise(3))
     with pytest.raises(ValueError, match="max_users"):
         engine_free.step([(f"u{u}", 0.5) for u in range(users)])
@@ -328,12 +328,12 @@ def test_variance_of_estimate_matches_tree_noise():
     rng = np.random.default_rng(9)
     n, m = 150, 4
     data, steps = _round_robin_steps(n, m, rng)
-    base = ContinualMean(0, 1, m, 200.0, max_users=n, neighbours="values", rng=ZeroNoise(), preset="paper")
+    base = ContinualMeanMechanism(0, 1, m, 200.0, max_users=n, neighbours="values", rng=ZeroNoise(), preset="paper")
     exact = [base.step(b).estimate for b in steps]
     finals, std = [], None
     gen = np.random.default_rng(10)
     for _ in range(1500):
-        cm = ContinualMean(0, 1, m, 200.0, max_users=n, neighbours="values", rng=gen, preset="paper")
+        cm = ContinualMeanMechanism(0, 1, m, 200.0, max_users=n, neighbours="values", rng=gen, preset="paper")
         for b in steps:
             out = cm.step(b)
         finals.append(out.estimate)
@@ -346,7 +346,7 @@ def test_variance_of_estimate_matches_tree_noise():
 def test_state_round_trip_continues_identically():
     rng = np.random.default_rng(11)
     _, steps = _round_robin_steps(80, 8, rng)
-    a = ContinualMean(0, 1, 8, 50.0, max_users=100, rng=SeededNoise(1), preset="paper")
+    a = ContinualMeanMechanism(0, 1, 8, 50.0, max_users=100, rng=SeededNoise(1), preset="paper")
     for b in steps[:3]:
         a.step(b)
     from dp_beam.mechanisms.continual_mean import ContinualMeanCore
@@ -510,7 +510,7 @@ def test_tuned_sensitivity_audit_under_neighbours(neighbours, delta, theta):
 def test_tuned_prior_is_the_previous_release_rounded_to_the_grid():
     rnd = np.random.default_rng(13)
     n, m = 400, 256
-    cm = ContinualMean(0.0, 1.0, m, 5.0, max_users=n, delta=1e-6, horizon=m, rng=SeededNoise(14))
+    cm = ContinualMeanMechanism(0.0, 1.0, m, 5.0, max_users=n, delta=1e-6, horizon=m, rng=SeededNoise(14))
     p = cm.params
     assert p.prior_levels and cm.core.store == {}
     prev = None
@@ -547,7 +547,7 @@ def test_tuned_noise_off_estimate_is_mean_of_covered_samples(neighbours):
     n, m = 60, 128
     data, steps = _round_robin_steps(n, m, rng, 0.3, 0.4)
     # ZeroNoise draws zeros but states the calibrated std: ε = 50 lets the bound activate.
-    cm = ContinualMean(0.0, 1.0, m, 50.0, max_users=n, neighbours=neighbours, horizon=m, rng=ZeroNoise())
+    cm = ContinualMeanMechanism(0.0, 1.0, m, 50.0, max_users=n, neighbours=neighbours, horizon=m, rng=ZeroNoise())
     assert cm.params.prior_levels == [6, 7]
     assert cm.params.immediate == frozenset(range(6))
     for i, batch in enumerate(steps, start=1):
@@ -572,14 +572,14 @@ def test_tuned_noise_off_estimate_is_mean_of_covered_samples(neighbours):
 def test_tuned_participation_denominator_floor_is_the_count_noise_halfwidth():
     # One user, one sample: the noisy count (noise drawn as zeros) is far below
     # its noise, so the release shrinks toward ½ instead of dividing by noise.
-    cm = ContinualMean(0.0, 1.0, 64, 1.0, max_users=100, horizon=8, rng=ZeroNoise())
+    cm = ContinualMeanMechanism(0.0, 1.0, 64, 1.0, max_users=100, horizon=8, rng=ZeroNoise())
     out = cm.step([("a", 1.0)])
     p, core = cm.params, cm.core
     sd_den = core.count_tree.noise_std(1) / p.count_weights[0] * p.count_unit[0]
     assert p.count_groups[0] == tuple(p.levels) and len(p.count_groups) == 1
     assert out.denominator == pytest.approx(gaussian_halfwidth(sd_den)) and out.denominator > 100
     assert out.estimate == pytest.approx((1.0 + 0.5 * (out.denominator - 1)) / out.denominator)
-    paper = ContinualMean(0.0, 1.0, 64, 1.0, max_users=100, horizon=8, preset="paper", rng=ZeroNoise())
+    paper = ContinualMeanMechanism(0.0, 1.0, 64, 1.0, max_users=100, horizon=8, preset="paper", rng=ZeroNoise())
     assert paper.step([("a", 1.0)]).denominator == 1.0                   # the spec's max(N, 1)
 
 
@@ -760,7 +760,7 @@ def test_prior_query_answers_once_with_the_mean_of_user_means():
     rng = np.random.default_rng(21)
     n, m = 60, 128
     data, steps = _round_robin_steps(n, m, rng, 0.3, 0.4)
-    cm = ContinualMean(0.0, 1.0, m, 50.0, max_users=n, neighbours="values", horizon=m,
+    cm = ContinualMeanMechanism(0.0, 1.0, m, 50.0, max_users=n, neighbours="values", horizon=m,
                        prior_ratio=1.0, prior_query=True, rng=ZeroNoise())
     p = cm.params
     assert p.prior_levels == [6, 7]
@@ -858,7 +858,7 @@ def test_user_spread_stops_clipping_users_whose_means_differ():
     exact = np.mean([data[u] for u in range(n)])
     ends = {}
     for spread in (0.0, 0.2):
-        cm = ContinualMean(0.0, 1.0, m, 1e4, max_users=n, neighbours="values", horizon=m,
+        cm = ContinualMeanMechanism(0.0, 1.0, m, 1e4, max_users=n, neighbours="values", horizon=m,
                            prior_ratio=1.0, prior_query=False, user_spread=spread, rng=ZeroNoise())
         assert {8, 9} <= set(cm.params.prior_levels)
         for batch in steps:
@@ -880,7 +880,7 @@ def test_keyed_noise_runs_the_median_prior_and_replays_bit_for_bit():
     _, steps = _round_robin_steps(n, m, rng, -3.0, 7.0)
 
     def run(key_bytes):
-        cm = ContinualMean(-3.0, 7.0, m, 200.0, max_users=n, neighbours="values", preset="paper",
+        cm = ContinualMeanMechanism(-3.0, 7.0, m, 200.0, max_users=n, neighbours="values", preset="paper",
                            rng=KeyedNoise(NoiseKey.from_bytes(key_bytes), ("mean", "k")))
         outs = [cm.step(batch).estimate for batch in steps]
         return outs, cm
@@ -902,7 +902,7 @@ def test_noise_source_swap_in_place_equals_state_round_trip(preset, noise):
     rng = np.random.default_rng(12)
     _, steps = _round_robin_steps(60, 8, rng)
     delta = 1e-6 if noise == "gaussian" else None
-    driver = ContinualMean(0, 1, 8, 2.0, max_users=100, rng=ZeroNoise(), preset=preset,
+    driver = ContinualMeanMechanism(0, 1, 8, 2.0, max_users=100, rng=ZeroNoise(), preset=preset,
                            noise=noise, delta=delta)
     params = driver.params
     aggregates = []

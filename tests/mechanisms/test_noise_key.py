@@ -24,21 +24,10 @@ import pytest
 from scipy import stats
 
 from dp_beam.mechanisms import NoiseSource
-from dp_beam.mechanisms.noise_key import (
-    GRID_PRECISION,
-    BitStream,
-    KeyedNoise,
-    NoiseKey,
-    _to_grid_float,
-    encode_identity,
-    grid_exponent,
-    grid_gaussian,
+from dp_beam.mechanisms.noise_grid import (
     grid_laplace,
-    round_to_grid,
-    sample_bernoulli_exp,
-    sample_discrete_gaussian,
-    sample_discrete_laplace,
 )
+from dp_beam.mechanisms.noise_key import KeyedNoise, NoiseKey, encode_identity
 
 KEY_BYTES = bytes(range(32))
 KEY = NoiseKey.from_bytes(KEY_BYTES)
@@ -132,165 +121,6 @@ def test_fingerprint_is_a_separate_domain():
     ).hexdigest()
     assert KEY.fingerprint != KEY.stream().randbytes(4).hex()
     assert KEY.fingerprint != OTHER_KEY.fingerprint
-
-
-# -- exact samplers ----------------------------------------------------------------
-
-
-@pytest.mark.parametrize("gamma", [Fraction(0), Fraction(1, 3), Fraction(1), Fraction(5, 2), Fraction(7), 0.75])
-def test_bernoulli_exp_frequency(gamma):
-    n = 20000
-    stream = KEY.stream("bernoulli", str(gamma))
-    hits = sum(sample_bernoulli_exp(stream, gamma) for _ in range(n))
-    p = math.exp(-float(gamma))
-    ci = stats.binomtest(hits, n).proportion_ci(confidence_level=1 - 1e-6, method="exact")
-    assert ci.low <= p <= ci.high
-
-
-def test_bernoulli_exp_validates_gamma():
-    stream = KEY.stream("bad")
-    for bad in (-1, Fraction(-1, 2), float("inf"), float("nan"), "1", True):
-        with pytest.raises(ValueError, match="gamma"):
-            sample_bernoulli_exp(stream, bad)
-
-
-def _chi_square_pvalue(samples, support, pmf):
-    """p-value of Pearson's test; cells with expected count < 5 are pooled into the tails."""
-    n = len(samples)
-    expected = n * pmf
-    inner = np.nonzero(expected >= 5)[0]
-    lo, hi = inner[0], inner[-1]
-    counts = {}
-    for z in samples:
-        counts[z] = counts.get(z, 0) + 1
-    observed = np.array([counts.get(int(z), 0) for z in support[lo:hi + 1]], dtype=float)
-    exp_cells = expected[lo:hi + 1]
-    below = sum(c for z, c in counts.items() if z < support[lo])
-    above = sum(c for z, c in counts.items() if z > support[hi])
-    observed = np.concatenate([[below], observed, [above]])
-    # Tails of the exact pmf beyond the tabulated support are < 1e-30.
-    exp_cells = np.concatenate([[expected[:lo].sum()], exp_cells, [expected[hi + 1:].sum()]])
-    keep = exp_cells > 0
-    assert observed[~keep].sum() == 0
-    observed, exp_cells = observed[keep], exp_cells[keep]
-    exp_cells *= observed.sum() / exp_cells.sum()
-    return stats.chisquare(observed, exp_cells).pvalue
-
-
-def _check_moments(samples, support, pmf):
-    x = np.asarray(samples, dtype=float)
-    n = len(x)
-    var = float(np.sum(pmf * support**2))
-    mu4 = float(np.sum(pmf * support**4))
-    assert float(np.sum(pmf * support)) == pytest.approx(0.0, abs=1e-12)
-    assert abs(x.mean()) < _tol(math.sqrt(var / n))
-    # Var of the second-moment estimator (mean 0 known) is (μ4 − σ⁴)/n.
-    assert abs(np.mean(x * x) - var) < _tol(math.sqrt((mu4 - var * var) / n))
-
-
-@pytest.mark.parametrize("scale", [Fraction(1), Fraction(1, 2), Fraction(7, 3), Fraction(5, 2), Fraction(10)])
-def test_discrete_laplace_matches_the_exact_pmf(scale):
-    n = 20000
-    stream = KEY.stream("dlap", str(scale))
-    samples = [sample_discrete_laplace(stream, scale) for _ in range(n)]
-    assert all(isinstance(z, int) for z in samples)
-    support = np.arange(-int(80 * scale) - 20, int(80 * scale) + 21)
-    # scipy's dlaplace(a) has pmf tanh(a/2)·exp(−a|k|): scale 1/a.
-    pmf = stats.dlaplace(1.0 / float(scale)).pmf(support)
-    _check_moments(samples, support, pmf)
-    assert _chi_square_pvalue(samples, support, pmf) > 1e-6
-
-
-@pytest.mark.parametrize("sigma_squared", [Fraction(1, 4), Fraction(1), Fraction(5, 2), Fraction(49, 4), Fraction(100)])
-def test_discrete_gaussian_matches_the_exact_pmf(sigma_squared):
-    n = 20000
-    stream = KEY.stream("dgauss", str(sigma_squared))
-    samples = [sample_discrete_gaussian(stream, sigma_squared) for _ in range(n)]
-    assert all(isinstance(z, int) for z in samples)
-    sigma = math.sqrt(sigma_squared)
-    support = np.arange(-int(40 * sigma) - 20, int(40 * sigma) + 21)
-    # Exact pmf up to the normaliser, which is summed over ±40σ (the rest is < e^−800).
-    weights = np.exp(-(support.astype(float) ** 2) / (2 * float(sigma_squared)))
-    pmf = weights / weights.sum()
-    _check_moments(samples, support, pmf)
-    assert _chi_square_pvalue(samples, support, pmf) > 1e-6
-
-
-def test_samplers_validate_their_parameter():
-    stream = KEY.stream("bad")
-    with pytest.raises(ValueError, match="scale"):
-        sample_discrete_laplace(stream, 0)
-    with pytest.raises(ValueError, match="sigma_squared"):
-        sample_discrete_gaussian(stream, Fraction(-1))
-
-
-# -- the grid ----------------------------------------------------------------------
-
-
-def _grid_multiple(value, k):
-    q = Fraction(value) / Fraction(2) ** k
-    return q.denominator == 1
-
-
-def test_grid_exponent_is_floor_log2_minus_precision():
-    assert GRID_PRECISION == 30
-    for scale in (1e-9, 0.1, 0.75, 1.0, 1.5, 3.7, 1000.0, 2.0**40 + 0.5, 1e300):
-        k = grid_exponent(scale)
-        assert Fraction(2) ** 30 <= Fraction(scale) / Fraction(2) ** k < Fraction(2) ** 31
-    # Subnormal scales: the grid cannot go below float64's smallest bit.
-    assert grid_exponent(5e-324) == -1074
-    with pytest.raises(ValueError, match="scale"):
-        grid_exponent(0.0)
-    with pytest.raises(ValueError, match="scale"):
-        grid_exponent(float("inf"))
-
-
-def test_round_to_grid_is_exact_half_to_even():
-    k = grid_exponent(1.0)
-    for x in (0.1, -0.1, 1 / 3, 12345.678, -2.0**-40, 0.0):
-        expected = Fraction(round(Fraction(x) / Fraction(2) ** k)) * Fraction(2) ** k
-        assert Fraction(round_to_grid(x, 1.0)) == expected
-    assert round_to_grid(2.0**-31, 1.0) == 0.0
-    assert round_to_grid(3 * 2.0**-31, 1.0) == 2.0**-29
-    assert round_to_grid(-(2.0**-31), 1.0) == 0.0
-    # Floats past 2^(53+k) are already on the grid.
-    assert round_to_grid(2.0**60 + 2.0**8, 1.0) == 2.0**60 + 2.0**8
-    arr = round_to_grid(np.array([[0.1, 2.0]]), 1.0)
-    assert arr.shape == (1, 2) and arr.dtype == np.float64
-    with pytest.raises(ValueError, match="x must be finite"):
-        round_to_grid(float("nan"), 1.0)
-
-
-@pytest.mark.parametrize("scale", [1e-3, 0.1, 1.0, 3.7, 1000.0, 5e-324])
-def test_grid_noise_is_on_the_grid_and_sums_exactly(scale):
-    k = grid_exponent(scale)
-    stream = KEY.stream("grid", scale)
-    rng = np.random.default_rng(0)
-    for _ in range(200):
-        for noise in (grid_laplace(stream, scale), grid_gaussian(stream, scale)):
-            assert _grid_multiple(noise, k)
-            # Statistics within the exactness bound |R + Z| <= 2^53 (times 2^k).
-            x = float(rng.uniform(-1, 1)) * 2.0 ** (50 + k)
-            r = round_to_grid(x, scale)
-            assert _grid_multiple(r, k)
-            assert Fraction(r + noise) == Fraction(r) + Fraction(noise)
-
-
-def test_sums_past_the_bound_are_the_correctly_rounded_exact_sum():
-    # Past 2^(53+k) the float sum is the exact sum correctly rounded, i.e. still
-    # a function of R + Z only (post-processing of the discrete mechanism).
-    scale = 1.0
-    stream = KEY.stream("big")
-    for x in (1e9, 3.3e12, -7.7e15):
-        r = round_to_grid(x, scale)
-        noise = grid_laplace(stream, scale)
-        assert r + noise == float(Fraction(r) + Fraction(noise))
-
-
-def test_grid_refuses_inexact_integers():
-    with pytest.raises(OverflowError, match="2\\^53"):
-        _to_grid_float(2**53 + 1, -30)
-    assert _to_grid_float(2**53, -30) == 2.0**23
 
 
 # -- KeyedNoise --------------------------------------------------------------------
@@ -518,8 +348,6 @@ def test_from_file_errors_name_noise_key(tmp_path):
         NoiseKey.from_file(tmp_path / "typo")
 
 
-def test_bit_stream_is_exported_type():
-    assert isinstance(KEY.stream("x"), BitStream)
 
 
 # -- integer noise, the exact exponential mechanism, the grid pad ----------------------
@@ -580,29 +408,3 @@ def test_exponential_mechanism_runs_on_the_keyed_source_and_replays():
     picks = [exponential_mechanism(cost, 2.0, 1.0, KeyedNoise(key, ("median", i))) for i in range(200)]
     assert picks == [exponential_mechanism(cost, 2.0, 1.0, KeyedNoise(key, ("median", i))) for i in range(200)]
     assert set(picks) <= {0, 1, 2, 3} and picks.count(1) + picks.count(3) > picks.count(0) + picks.count(2)
-
-
-def test_grid_padded_scale_covers_one_grid_step_per_value():
-    from dp_beam.mechanisms.noise_key import grid_padded_scale
-
-    for sens, ratio in [(1.0, 4.0), (0.3, 1000.0), (7.0, 2.0**-5)]:
-        scale = grid_padded_scale(sens, lambda s: ratio * s)
-        step = 2.0 ** grid_exponent(scale)
-        # the scale pays for the sensitivity plus at least one step of its own grid
-        assert scale >= ratio * (sens + step)
-        assert scale <= ratio * sens * (1 + 2.0**-28 * ratio)
-        spread = grid_padded_scale(sens, lambda s: ratio * s, spread=3.0)
-        assert spread >= ratio * (sens + 3.0 * 2.0 ** grid_exponent(spread))
-
-
-def test_round_to_grid_equals_exact_rational_rounding():
-    """The float fast path of round_to_grid against exact Fraction rounding (half
-    to even) on values across the float range, ties and huge/tiny magnitudes."""
-    rng = np.random.default_rng(0)
-    values = list(rng.standard_normal(300) * 10.0 ** rng.integers(-30, 30, 300))
-    values += [2.0**-31, 3 * 2.0**-31, -5 * 2.0**-31, 1e308, -1e308, 5e-324, 2.0**60 + 2.0**8]
-    for scale in (1.0, 3.7e-20, 2.5e25, 1e-300):
-        k = grid_exponent(scale)
-        for x in values:
-            want = float(round(Fraction(x) / Fraction(2) ** k) * Fraction(2) ** k)
-            assert round_to_grid(x, scale) == want

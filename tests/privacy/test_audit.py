@@ -76,7 +76,7 @@ from apache_beam.utils.timestamp import Timestamp
 
 import dp_beam as dpb
 from dp_beam.mechanisms import KeySelection, NoiseSource, SeededNoise, ZeroNoise, get_mechanism
-from dp_beam.mechanisms.continual_mean import ContinualMean, ContinualMeanCore
+from dp_beam.mechanisms.continual_mean import ContinualMeanCore, ContinualMeanMechanism
 from dp_beam.mechanisms.erm import LogisticLoss, OutputPerturbation, solve_erm
 from dp_beam.mechanisms.noise_key import KeyedNoise, NoiseKey
 from dp_beam.transforms import continual
@@ -505,7 +505,7 @@ MEAN_DATA = {
 
 
 class _Aggregates:
-    """Stands in for a ContinualMean's core: records the aggregates its ``step`` builds."""
+    """Stands in for a ContinualMeanMechanism's core: records the aggregates its ``step`` builds."""
 
     def __init__(self, core):
         self.core, self.aggregates = core, []
@@ -523,12 +523,12 @@ class _Aggregates:
 def test_engine_free_continual_mean_values():
     aggregates = {}
     for which, steps in MEAN_DATA.items():
-        cm = ContinualMean(**MEAN_ARGS, rng=ZeroNoise())
+        cm = ContinualMeanMechanism(**MEAN_ARGS, rng=ZeroNoise())
         cm.core = _Aggregates(cm.core)
         for samples in steps:
             cm.step(samples)
         aggregates[which] = cm.core.aggregates
-    template = ContinualMean(**MEAN_ARGS, rng=ZeroNoise())
+    template = ContinualMeanMechanism(**MEAN_ARGS, rng=ZeroNoise())
     params, claim = template.params, template.privacy_cost()
 
     def release(which, source):
@@ -536,8 +536,8 @@ def test_engine_free_continual_mean_values():
                                  source)
         return [core.step(copy.deepcopy(agg)).estimate for agg in aggregates[which]]
 
-    # The core fed ContinualMean's aggregates is ContinualMean: same noise, same releases.
-    whole = ContinualMean(**MEAN_ARGS, rng=SeededNoise(3))
+    # The core fed ContinualMeanMechanism's aggregates is ContinualMeanMechanism: same noise, same releases.
+    whole = ContinualMeanMechanism(**MEAN_ARGS, rng=SeededNoise(3))
     assert [whole.step(s).estimate for s in MEAN_DATA["D"]] == release("D", SeededNoise(3))
 
     f0, M, kind = _linear_model(release, "D'")
@@ -555,7 +555,7 @@ def test_engine_free_continual_mean_values():
             return np.array(out)
         results.append(_audit(draw, f0, events, 0.0, MEAN_RUNS, MEAN_RUNS // 3)[0])
     note = f"noise ×½; {params.mechanism} tree; " + _exact_note(events, claim)
-    _check("ContinualMean engine-free (values, m=2, T=2)", claim, *results, note=note)
+    _check("ContinualMeanMechanism engine-free (values, m=2, T=2)", claim, *results, note=note)
 
 
 # -- 3. ERM output perturbation under replace-one -------------------------------------------------

@@ -110,9 +110,9 @@ def _depending_on(records, position):
 
 
 STREAMS = {
-    "continual": (mech.ContinualERM, dict(base_size=2 * B)),
-    "sliding": (mech.SlidingWindowERM, dict(window=3 * B)),
-    "multires": (mech.MultiResolutionERM, dict()),
+    "continual": (mech.ContinualERMMechanism, dict(base_size=2 * B)),
+    "sliding": (mech.SlidingWindowERMMechanism, dict(window=3 * B)),
+    "multires": (mech.MultiResolutionERMMechanism, dict()),
 }
 
 
@@ -245,7 +245,7 @@ def test_zero_noise_with_id_fn_through_the_pipeline_only_the_block_of_the_replac
     assert min(base[i].t for i in changed) == _first_release_with(base, position)
     # The order is the id order, whatever the content: the engine-free stream fed
     # in id order gives the same models.
-    stream = mech.ContinualERM(1.0, B, 2 * B, 2, [0, 1], 1.0, 0.5, rng=ZeroNoise())
+    stream = mech.ContinualERMMechanism(1.0, B, 2 * B, 2, [0, 1], 1.0, 0.5, rng=ZeroNoise())
     ordered = [e for _, e in sorted(zip(ids, events()))]
     expected = stream.extend(np.array([e["x"] for e in ordered]), [e["y"] for e in ordered])
     assert len(expected) == len(base)
@@ -335,7 +335,7 @@ def _epsilon_lower_bound(sample_d, sample_d2, statistic, n_pilot=4000, n=20000, 
 
 @pytest.mark.parametrize("blocks,epsilon", [(120, 1.0), (60, 2.0)])
 def test_empirical_privacy_loss_of_a_tied_replacement_stays_below_epsilon(blocks, epsilon, monkeypatch):
-    # MultiResolutionERM with max_scale = 0: one model per block, each trained from
+    # MultiResolutionERMMechanism with max_scale = 0: one model per block, each trained from
     # scratch, so a release is the noise-free models plus independent noise (no
     # chain through released models) and every output can be sampled exactly from
     # the models of the release code. One feature without intercept: the L2-Laplace
@@ -344,7 +344,7 @@ def test_empirical_privacy_loss_of_a_tied_replacement_stays_below_epsilon(blocks
     # this is where it would show.
     n = blocks * B
     args = _args(dict(max_scale=0), d=1, epsilon=epsilon, lam=1.0, intercept=False)
-    cls = mech.MultiResolutionERM
+    cls = mech.MultiResolutionERMMechanism
     tiebreaks = _draws(6, n)
     replaced = 2
     results = {}

@@ -18,6 +18,7 @@ from apache_beam.transforms.window import TimestampedValue
 import dp_beam as dpb
 from dp_beam.mechanisms.growing import LaplaceHistogram, MWEMHistogram
 from tests.beam_util import batch_options, collect, streaming_options
+from tests.privacy.neighbours import assert_same_structure, release_structure, replaced
 
 N, STEP = 4, 10
 KEYS = ["a", "b"]
@@ -39,10 +40,8 @@ QUERIES = [{"ts": float(ts), "f": list(np.eye(N)[i % N]), "id": i, "k": KEYS[i %
 
 
 def _replaced(index, cell):
-    out = list(BASE)
-    r = out[index]
-    out[index] = _record(r["ts"], cell, r["k"])          # same time and key, another cell
-    return out
+    r = BASE[index]
+    return replaced(BASE, index, _record(r["ts"], cell, r["k"]))   # same time and key, another cell
 
 
 REPLACE = {
@@ -80,20 +79,17 @@ def _shape(release):
 
 
 def _structure(make, records, options=None, stream=None):
-    def build(p):
+    def source(p):
         if stream is not None:
-            source = p | stream
-            recs = source | "records" >> beam.Filter(lambda e: "cell" in e)
-            qs = source | "queries" >> beam.Filter(lambda e: "f" in e)
+            both = p | stream
+            recs = both | "records" >> beam.Filter(lambda e: "cell" in e)
+            qs = both | "queries" >> beam.Filter(lambda e: "f" in e)
         else:
             recs = p | "records" >> beam.Create(records)
             qs = p | "queries" >> beam.Create(QUERIES)
-        res = (recs, qs) | make()
-        return {"releases": res.releases, "ledger": res.accounting}
-    out = collect(options or batch_options(), build)
-    shape = sorted(map(_shape, out["releases"]), key=repr)
-    assert len(set(shape)) == len(shape)
-    return shape, sorted(out["ledger"], key=repr)
+        return recs, qs
+    shapes, ledger = release_structure(make, source, _shape, options)
+    return sorted(shapes, key=repr), ledger
 
 
 @pytest.mark.parametrize("name", sorted(TRANSFORMS))
@@ -103,10 +99,7 @@ def test_replace_one_neighbours_release_the_same_structure(name):
     assert any(s[0] == "run" for s in shape) or name.startswith("queries")
     assert sorted(e.key for e in ledger) == KEYS
     assert all(e.relation == "replace" for e in ledger)
-    for neighbour, records in REPLACE.items():
-        got_shape, got_ledger = _structure(make, records)
-        assert got_shape == shape, neighbour
-        assert got_ledger == ledger, neighbour
+    assert_same_structure(lambda records: _structure(make, records), REPLACE, (shape, ledger))
 
 
 def test_adding_a_record_is_visible_which_is_why_the_relation_is_replace():

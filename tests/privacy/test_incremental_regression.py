@@ -9,13 +9,13 @@ noise. Events of undeclared keys or outside the schedule are rejected by
 public rules and change nothing either.
 """
 
-import apache_beam as beam
 import pytest
-from apache_beam.testing import test_stream
 
 import dp_beam as dpb
 from dp_beam.mechanisms.regression import L1Ball
-from tests.beam_util import batch_options, collect, streaming_options
+from tests.beam_util import streaming_options
+from tests.privacy.neighbours import (assert_same_structure, created, event_stream, release_structure,
+                                      replaced)
 
 KEYS = ["A", "B"]
 SCHEDULE = dict(step=10, start=10, end=120, timestamp_fn=lambda e: e["ts"])
@@ -29,10 +29,10 @@ BASE = [_event(12 + 2.5 * i, (i * 7 % 10) / 10, ((i * 3) % 7 - 3) / 4) for i in 
 NEIGHBOURS = {
     "base": BASE,
     # Replacing one event keeps its timestamp and key (same step): the relation stated.
-    "replaced first": [_event(12, 0.95, -1.0)] + BASE[1:],
-    "replaced middle": BASE[:17] + [_event(BASE[17]["ts"], 0.0, 1.0)] + BASE[18:],
-    "replaced by an outlier (clipped)": BASE[:30] + [{**BASE[30], "x": [50.0, -80.0, 3.0], "y": 9.0}]
-    + BASE[31:],
+    "replaced first": replaced(BASE, 0, _event(12, 0.95, -1.0)),
+    "replaced middle": replaced(BASE, 17, _event(BASE[17]["ts"], 0.0, 1.0)),
+    "replaced by an outlier (clipped)": replaced(BASE, 30, {**BASE[30], "x": [50.0, -80.0, 3.0],
+                                                            "y": 9.0}),
     "undeclared key": BASE + [_event(60, 0.5, 0.1, key="Z")],
     "before start": BASE + [_event(5, 0.5, 0.1)],
     "after end": BASE + [_event(125, 0.5, 0.1)],
@@ -52,16 +52,14 @@ METHODS = {
 }
 
 
+def _shape(r):
+    return (r.key, r.step, r.t, r.n, r.covers, r.noise_std_gram, r.noise_std_xy,
+            r.noise_std_model, r.alpha, r.constraint, r.method)
+
+
 def _structure(make, events, options=None, stream=None):
-    def build(p):
-        source = p | (stream if stream is not None else beam.Create(events))
-        res = source | make()
-        return {"releases": res.releases, "ledger": res.accounting}
-    out = collect(options or batch_options(), build)
-    shape = {(r.key, r.step, r.t, r.n, r.covers, r.noise_std_gram, r.noise_std_xy,
-              r.noise_std_model, r.alpha, r.constraint, r.method) for r in out["releases"]}
-    assert len(shape) == len(out["releases"]), "a (key, step) was released twice"
-    return shape, sorted(out["ledger"], key=repr)
+    shapes, ledger = release_structure(make, created(events, stream), _shape, options)
+    return set(shapes), ledger
 
 
 @pytest.mark.parametrize("name", sorted(METHODS))
@@ -71,18 +69,11 @@ def test_replace_one_neighbours_release_the_same_structure(name):
     assert {(k, s) for k, s, *_ in shape} == {(k, s) for k in KEYS for s in range(1, 12)}
     assert sorted(e.key for e in ledger) == KEYS
     assert all(e.relation == "replace" for e in ledger)
-    for neighbour, events in NEIGHBOURS.items():
-        got_shape, got_ledger = _structure(make, events)
-        assert got_shape == shape, neighbour
-        assert got_ledger == ledger, neighbour
+    assert_same_structure(lambda events: _structure(make, events), NEIGHBOURS, (shape, ledger))
 
 
 def _stream(times):
-    stream = test_stream.TestStream().advance_watermark_to(0)
-    for i, ts in enumerate(times):
-        stream = stream.add_elements([beam.window.TimestampedValue(_event(ts, 0.3, 0.2), ts)])
-        stream = stream.advance_watermark_to(ts + 1)
-    return stream.advance_watermark_to_infinity()
+    return event_stream(times, lambda ts: _event(ts, 0.3, 0.2))
 
 
 def test_streaming_idle_gaps_do_not_change_the_structure():

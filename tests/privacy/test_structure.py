@@ -10,12 +10,12 @@ whose model times are count-triggered under replace-one neighbours, the
 (key, step, kind, level, t) of every model) and the ledger entries.
 """
 
-import apache_beam as beam
 import pytest
-from apache_beam.testing import test_stream
 
 import dp_beam as dpb
-from tests.beam_util import batch_options, collect, streaming_options
+from tests.beam_util import streaming_options
+from tests.privacy.neighbours import (assert_same_structure, created, event_stream, release_structure,
+                                      replaced)
 
 KEYS = ["A", "B"]
 SCHEDULE = dict(step=10, start=10, end=200, timestamp_fn=lambda e: e["ts"])
@@ -68,8 +68,8 @@ ERM_BASE = [_erm_event(20 + 3 * i, (i * 7 % 10) / 10, i % 2) for i in range(40)]
 REPLACE = {
     "base": ERM_BASE,
     # Replacing one event keeps its timestamp and key (the relation of seed 004).
-    "replaced first": [_erm_event(20, 0.95, 1)] + ERM_BASE[1:],
-    "replaced middle": ERM_BASE[:17] + [_erm_event(ERM_BASE[17]["ts"], 0.0, 0)] + ERM_BASE[18:],
+    "replaced first": replaced(ERM_BASE, 0, _erm_event(20, 0.95, 1)),
+    "replaced middle": replaced(ERM_BASE, 17, _erm_event(ERM_BASE[17]["ts"], 0.0, 0)),
     "undeclared key": ERM_BASE + [_erm_event(60, 0.5, 1, key="Z")],
     "before start": ERM_BASE + [_erm_event(5, 0.5, 1)],
 }
@@ -83,20 +83,15 @@ ERMS = {
 }
 
 
+def _shape(r):
+    if hasattr(r, "kind"):
+        return (r.key, r.step, r.kind, r.level, r.t)
+    return (r.key, r.step)
+
+
 def _structure(make, events, options=None, stream=None):
-    def build(p):
-        source = p | (stream if stream is not None else beam.Create(events))
-        res = source | make()
-        return {"releases": res.releases, "ledger": res.accounting}
-    out = collect(options or batch_options(), build)
-    shape = set()
-    for r in out["releases"]:
-        if hasattr(r, "kind"):
-            shape.add((r.key, r.step, r.kind, r.level, r.t))
-        else:
-            shape.add((r.key, r.step))
-    assert len(shape) == len(out["releases"]), "a (key, step) was released twice"
-    return shape, sorted(out["ledger"], key=repr)
+    shapes, ledger = release_structure(make, created(events, stream), _shape, options)
+    return set(shapes), ledger
 
 
 @pytest.mark.parametrize("name", sorted(COUNTERS))
@@ -106,10 +101,7 @@ def test_add_remove_neighbours_release_the_same_structure(name):
     # Every (declared) key, every step from start (step 1) to end (step 19).
     assert shape == {(k, s) for k in keys for s in range(1, 20)}
     assert sorted(e.key for e in ledger) == sorted(keys, key=repr)
-    for neighbour, events in ADD_REMOVE.items():
-        got_shape, got_ledger = _structure(make, events)
-        assert got_shape == shape, neighbour
-        assert got_ledger == ledger, neighbour
+    assert_same_structure(lambda events: _structure(make, events), ADD_REMOVE, (shape, ledger))
 
 
 @pytest.mark.parametrize("name", sorted(ERMS))
@@ -118,25 +110,14 @@ def test_replace_one_neighbours_release_the_same_structure(name):
     shape, ledger = _structure(make, REPLACE["base"])
     assert shape, "no model released"
     assert sorted(e.key for e in ledger) == KEYS
-    for neighbour, events in REPLACE.items():
-        got_shape, got_ledger = _structure(make, events)
-        assert got_shape == shape, neighbour
-        assert got_ledger == ledger, neighbour
-
-
-def _test_stream(times):
-    stream = test_stream.TestStream().advance_watermark_to(0)
-    for ts in times:
-        stream = stream.add_elements([beam.window.TimestampedValue(_event(ts), ts)])
-        stream = stream.advance_watermark_to(ts + 1)
-    return stream.advance_watermark_to_infinity()
+    assert_same_structure(lambda events: _structure(make, events), REPLACE, (shape, ledger))
 
 
 @pytest.mark.parametrize("name", ["count/event", "mean/participation"])
 def test_streaming_idle_gap_and_late_data_do_not_change_the_structure(name):
     """An idle gap used to pause a stream until the next event resumed it."""
     make, _ = COUNTERS[name]
-    runs = {label: _structure(make, None, streaming_options(), _test_stream(times))
+    runs = {label: _structure(make, None, streaming_options(), event_stream(times, _event))
             for label, times in {"one event": [25], "after an idle gap": [25, 101],
                                  "three events": [25, 101, 150]}.items()}
     shapes = {label: shape for label, (shape, _) in runs.items()}

@@ -2,6 +2,7 @@
 
 import math
 import random
+from fractions import Fraction
 
 import apache_beam as beam
 import numpy as np
@@ -340,3 +341,43 @@ def test_public_signatures_list_every_option():
     # A count has no value_fn to accept.
     with pytest.raises(TypeError, match="value_fn"):
         dpb.ContinualCount(epsilon=1.0, step=10, start=0, value_fn=float)
+
+
+def test_sum_step_totals_do_not_depend_on_the_order_of_values_or_merges():
+    # A retried bundle may deliver a step's values in another order and merge
+    # partial sums differently; the same noise is then added, so the total
+    # itself must be identical bit for bit. These values make float sums
+    # order-dependent (1e16 + 1 rounds the 1 away).
+    values = [1e16, 1.0, -1e16, 0.1, 0.2, 0.3, -0.6, 3.0e-17, 1.0]
+    fn = continual._SumCount()
+    exact = float(sum(Fraction(v) for v in values))
+    rng = random.Random(5)
+    outputs = set()
+    for _ in range(50):
+        order = values[:]
+        rng.shuffle(order)
+        cut = rng.randrange(len(order) + 1)
+        left = fn.add_inputs(fn.create_accumulator(), order[:cut])
+        right = fn.create_accumulator()
+        for v in order[cut:]:
+            right = fn.add_input(right, v)
+        merged = fn.merge_accumulators([right, left] if rng.random() < 0.5 else [left, right])
+        outputs.add(fn.extract_output(merged))
+    assert outputs == {(exact, len(values))}
+    # The plain float sum of the same values differs between orders, so the test can fail.
+    assert len({sum(values), sum(sorted(values)), sum(reversed(values))}) > 1
+
+
+def test_sum_step_total_beyond_float_range_is_infinite_and_clamped():
+    fn = continual._SumCount()
+    acc = fn.add_inputs(fn.create_accumulator(), [1.7e308, 1.7e308])
+    assert fn.extract_output(acc) == (math.inf, 2)
+    acc = fn.add_inputs(fn.create_accumulator(), [-1.7e308, -1.7e308])
+    assert fn.extract_output(acc)[0] == -math.inf
+
+
+def test_count_step_totals_are_the_event_counts():
+    fn = continual._CountSteps()
+    acc = fn.merge_accumulators([fn.add_inputs(fn.create_accumulator(), [1.0] * 3),
+                                 fn.add_input(fn.create_accumulator(), 1.0)])
+    assert fn.extract_output(acc) == (4.0, 4)

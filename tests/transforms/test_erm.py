@@ -61,7 +61,7 @@ def test_continual_erm_matches_the_engine_free_stream_in_event_time_order():
     events = _points(40)
     out = _run(ContinualERM(block_size=4, base_size=8, rng=ZeroNoise(), end=70.0, **COMMON), events)
     releases = sorted(out["releases"], key=lambda r: r.t)
-    expected = _reference(mech.ContinualERM(1.0, 4, 8, 2, ["a", "b"], 2.0, 0.5, rng=ZeroNoise()), events)
+    expected = _reference(mech.ContinualERMMechanism(1.0, 4, 8, 2, ["a", "b"], 2.0, 0.5, rng=ZeroNoise()), events)
     assert [r.t for r in releases] == [r.t for r in expected] == list(range(8, 41, 4))
     for got, want in zip(releases, expected):
         assert isinstance(got, ModelRecord)
@@ -108,7 +108,7 @@ def test_keyed_streams_are_independent_and_each_charges_the_ledger():
     assert set(by_key) == {"x", "y"}
     for key, releases in by_key.items():
         mine = [e for e in events if e["key"] == key]
-        expected = _reference(mech.MultiResolutionERM(1.0, 4, 2, ["a", "b"], 2.0, 0.5, rng=ZeroNoise()), mine)
+        expected = _reference(mech.MultiResolutionERMMechanism(1.0, 4, 2, ["a", "b"], 2.0, 0.5, rng=ZeroNoise()), mine)
         got = sorted(releases, key=lambda r: (r.t, r.level))
         assert [(r.t, r.level) for r in got] == [(r.t, r.level) for r in expected]
         for a, b in zip(got, expected):
@@ -142,7 +142,7 @@ def test_features_are_clipped_and_the_plan_is_attached():
     transform = ContinualERM(block_size=4, base_size=4, rng=ZeroNoise(), end=STEP, **COMMON)
     out = _run(transform, events)
     clipped = [{**e, "x": list(np.array(e["x"]) * 2.0 / np.linalg.norm(e["x"]))} for e in events]
-    expected = _reference(mech.ContinualERM(1.0, 4, 4, 2, ["a", "b"], 2.0, 0.5, rng=ZeroNoise()), clipped)
+    expected = _reference(mech.ContinualERMMechanism(1.0, 4, 4, 2, ["a", "b"], 2.0, 0.5, rng=ZeroNoise()), clipped)
     got = sorted(out["releases"], key=lambda r: r.t)
     for a, b in zip(got, expected):
         np.testing.assert_allclose(a.weights, b.weights, atol=1e-9)
@@ -296,7 +296,7 @@ def _maker(cls, **kwargs):
 
 def test_bag_log_sliding_window_keeps_less_than_twice_the_window_with_amortised_rewrites():
     W, n = 7, 60
-    firings = _fire_per_block(_maker(mech.SlidingWindowERM, block_size=2, window=2 * W), n, 2, seed=1)
+    firings = _fire_per_block(_maker(mech.SlidingWindowERMMechanism, block_size=2, window=2 * W), n, 2, seed=1)
     for c, f in enumerate(firings, start=1):
         live = f["retained"][1] - f["retained"][0] + 1
         assert live == min(c, W - 1)
@@ -311,7 +311,7 @@ def test_bag_log_sliding_window_keeps_less_than_twice_the_window_with_amortised_
 
 
 def test_bag_log_capped_multiresolution_never_holds_more_than_its_interval():
-    firings = _fire_per_block(_maker(mech.MultiResolutionERM, block_size=2, max_scale=2), 40, 2, seed=2)
+    firings = _fire_per_block(_maker(mech.MultiResolutionERMMechanism, block_size=2, max_scale=2), 40, 2, seed=2)
     for c, f in enumerate(firings, start=1):
         assert f["stored"] == c % 4 and f["stored"] <= 3      # the aligned interval of 2^2 blocks
         assert f["adds"] == (c % 4 != 0)                       # cleared, unread, when it completes
@@ -319,11 +319,11 @@ def test_bag_log_capped_multiresolution_never_holds_more_than_its_interval():
 
 
 def test_bag_log_continual_appends_each_block_once_and_reads_only_for_base_and_doubling():
-    firings = _fire_per_block(_maker(mech.ContinualERM, block_size=2, base_size=4), 40, 2, seed=3)
+    firings = _fire_per_block(_maker(mech.ContinualERMMechanism, block_size=2, base_size=4), 40, 2, seed=3)
     tg = None
     for c, f in enumerate(firings, start=1):
         assert f["stored"] == c and f["adds"] == 1
-        kind = mech.ContinualERM.schedule(c, 2, tg)
+        kind = mech.ContinualERMMechanism.schedule(c, 2, tg)
         if kind and kind[0] == "base":
             tg = c
         # Single steps and the first doubling step train on the new block alone.
@@ -355,10 +355,10 @@ MECH_ARGS = dict(epsilon=1.0, n_features=2, classes=["a", "b"], feature_bound=2.
 
 
 @pytest.mark.parametrize("transform,cls,args", [
-    (ContinualERM, mech.ContinualERM, dict(block_size=3, base_size=6)),
-    (SlidingWindowERM, mech.SlidingWindowERM, dict(block_size=2, window=14)),
-    (MultiResolutionERM, mech.MultiResolutionERM, dict(block_size=3)),
-    (MultiResolutionERM, mech.MultiResolutionERM, dict(block_size=3, max_scale=2)),
+    (ContinualERM, mech.ContinualERMMechanism, dict(block_size=3, base_size=6)),
+    (SlidingWindowERM, mech.SlidingWindowERMMechanism, dict(block_size=2, window=14)),
+    (MultiResolutionERM, mech.MultiResolutionERMMechanism, dict(block_size=3)),
+    (MultiResolutionERM, mech.MultiResolutionERMMechanism, dict(block_size=3, max_scale=2)),
 ])
 def test_seeded_transform_with_log_matches_the_self_contained_state_bit_for_bit(transform, cls, args):
     events = _points(90)
@@ -380,14 +380,14 @@ def test_seeded_ties_are_reproducible_and_follow_the_test_tiebreaker():
     make = lambda: ContinualERM(rng=7, end=160.0, **args, **COMMON)  # noqa: E731
     got = sorted(_run(make(), events)["releases"], key=lambda r: (r.t, r.level, r.kind))
     again = sorted(_run(make(), events[::-1])["releases"], key=lambda r: (r.t, r.level, r.kind))
-    want = sorted(_seeded_reference(mech.ContinualERM, {**MECH_ARGS, **args}, events, 7),
+    want = sorted(_seeded_reference(mech.ContinualERMMechanism, {**MECH_ARGS, **args}, events, 7),
                   key=lambda r: (r.t, r.level, r.kind))
     assert len(got) == len(want) >= 20
     for a, b, c in zip(got, again, want):
         assert a.weights == b.weights == _listify(c.weights) and a.intercept == c.intercept
     # The order matters here (ties straddle blocks): the same noise with the ties
     # ordered by another seed's tie-breaker gives other models.
-    shuffled = sorted(_seeded_reference(mech.ContinualERM, {**MECH_ARGS, **args}, events, 7, tie_seed=8),
+    shuffled = sorted(_seeded_reference(mech.ContinualERMMechanism, {**MECH_ARGS, **args}, events, 7, tie_seed=8),
                       key=lambda r: (r.t, r.level, r.kind))
     assert any(a.weights != _listify(b.weights) for a, b in zip(got, shuffled))
 
@@ -418,7 +418,7 @@ def test_ids_labels_and_huge_features_that_could_break_the_release():
                      "not one of classes", "id_fn raised KeyError"):
         assert sum(fragment in r for r in reasons) == 1, fragment
     ordered = sorted(good, key=lambda e: e["ts"]) + [{**huge, "x": [math.sqrt(2), -math.sqrt(2)]}]
-    expected = _reference(mech.ContinualERM(1.0, 3, 3, 2, ["a", "b"], 2.0, 0.5, rng=ZeroNoise()), ordered)
+    expected = _reference(mech.ContinualERMMechanism(1.0, 3, 3, 2, ["a", "b"], 2.0, 0.5, rng=ZeroNoise()), ordered)
     got = sorted(out["releases"], key=lambda r: r.t)
     assert [r.t for r in got] == [3, 6, 9]
     for a, b in zip(got, expected):

@@ -431,7 +431,7 @@ def _vector_events(users=120, seed=5):
 @pytest.mark.parametrize("neighbours", ["participation", "values"])
 def test_vector_values_match_the_engine_free_mechanism_with_a_test_seed(neighbours):
     from dp_beam.mechanisms import SeededNoise
-    from dp_beam.mechanisms.continual_mean import ContinualMean as EngineFree
+    from dp_beam.mechanisms.continual_mean import ContinualMeanMechanism as EngineFree
 
     test_seed = 20240611
     data, events = _vector_events()
@@ -560,7 +560,7 @@ def test_values_prior_query_matches_the_engine_free_mechanism_with_a_test_seed()
     # (a one-off noisy mean of user means) for the top levels. The transform's
     # per-user sums of user means must reach the core as the engine-free ones do.
     from dp_beam.mechanisms import SeededNoise
-    from dp_beam.mechanisms.continual_mean import ContinualMean as EngineFree
+    from dp_beam.mechanisms.continual_mean import ContinualMeanMechanism as EngineFree
 
     rnd = random.Random(7)
     users, m, per_step = 20, 256, 16

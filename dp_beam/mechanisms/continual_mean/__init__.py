@@ -6,6 +6,9 @@ resolutions). Engine-free: NumPy and OpenDP only, no Beam.
 
 Pieces, each usable on its own:
 
+* :class:`MeanConfig` — the user-facing parameters, frozen and validated,
+  taken alike by :class:`MeanParams`, :class:`ContinualMeanMechanism` and the
+  Beam transform ``dp_beam.ContinualMean``.
 * :class:`MeanParams` — every canonical constant of §2.9 (L, ε_B, ε_M, β_M,
   G_ℓ, k_ℓ, γ_ℓ, Δ_ℓ, W_ℓ, noise scales) for both neighbour relations.
 * :func:`withhold_release` — the per-user exponential withhold-release
@@ -17,7 +20,7 @@ Pieces, each usable on its own:
   the estimate, fed one aggregate (:class:`MeanAggregate`) per time step. The
   Beam transform builds the same aggregates in parallel and feeds the same
   core, so the two share every formula.
-* :class:`ContinualMean` — the engine-free whole: per-user state plus core.
+* :class:`ContinualMeanMechanism` — the engine-free whole: per-user state plus core.
 * Baselines :class:`NaiveMean` (Algorithm 2), :class:`SingleTreeMean`
   (Algorithm 4) and :class:`MultiTreeMean` (Algorithm 5), element-indexed as
   in the paper, and their per-time-step forms :class:`StepNaiveMean` and
@@ -128,17 +131,18 @@ from .baselines import (MultiTreeMean, NaiveMean, SingleTreeMean, StepNaiveMean,
                         prior_truncation)
 from .core import ContinualMeanCore, MeanStep
 from .median import grid, median_cost, private_median, quantize
-from .params import NEIGHBOURS, PRESETS, MeanParams
+from .config import NEIGHBOURS, PRESETS, MeanConfig, check_keywords, mean_config
+from .params import MeanParams
 from .schedule import (UserState, element_size, release_level, represented_count, user_hash,
                        withhold_release)
-from .stream import ContinualMean
+from .stream import ContinualMeanMechanism
 
 # The module was one file before it was split: these names were importable
 # from it, and pickles of MeanAggregate name _rebuild_aggregate here.
 from .aggregate import _rebuild_aggregate, contribution  # noqa: F401
 from .baselines import _Baseline, _counter, _PriorMean, _resolve_noise  # noqa: F401
 from .median import _bucket, _contiguous_arrays, _hashed_arrays  # noqa: F401
-from .params import h, positive_int as _pos_int, positive_real as _pos_real  # noqa: F401
+from .config import h, positive_int as _pos_int, positive_real as _pos_real  # noqa: F401
 from .plan import (CENTRE_OFFSET, CLIP_TAIL, LAPLACE_TREES, PLAN_HORIZON,  # noqa: F401
                    PLAN_USER_FRACTIONS, PRIOR_CONFIDENCE, PRIOR_RATIOS, QUERY_SHARE,
                    _clip_term, _unit_noise_std, prior_error_bound)
@@ -146,6 +150,9 @@ from .stream import rescale_setup as _rescale_setup  # noqa: F401
 
 __all__ = [
     "NEIGHBOURS",
+    "MeanConfig",
+    "mean_config",
+    "check_keywords",
     "MeanParams",
     "MeanAggregate",
     "UserState",
@@ -159,7 +166,7 @@ __all__ = [
     "exponential_mechanism",
     "private_median",
     "ContinualMeanCore",
-    "ContinualMean",
+    "ContinualMeanMechanism",
     "MeanStep",
     "NaiveMean",
     "SingleTreeMean",

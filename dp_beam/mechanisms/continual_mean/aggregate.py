@@ -4,7 +4,7 @@ Spec withhold_release_and_composition.md §2.9: :func:`contribution` turns one
 user's sample into a :class:`MeanAggregate` (per user, in parallel; with
 Algorithm 7 the only reader of sample values, A6-15); aggregates merge per
 step and feed :class:`~.core.ContinualMeanCore`. The Beam transform and the
-engine-free :class:`~.stream.ContinualMean` build the same aggregates.
+engine-free :class:`~.stream.ContinualMeanMechanism` build the same aggregates.
 """
 
 import numpy as np

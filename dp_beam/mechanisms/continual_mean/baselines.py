@@ -12,11 +12,12 @@ import math
 
 import numpy as np
 
-from ..calibration import eps_from_rho_delta, rho_from_eps, rho_from_eps_delta
+from ...accounting.cost import Cost
+from ..calibration import eps_from_rho_delta, rho_from_eps_delta
 from ..noise import make_noise
-from ..registry import default_mechanism, get_mechanism
-from ..tree import BinaryTreeMechanism
-from .params import NEIGHBOURS, positive_int, positive_real
+from ..counting.registry import default_mechanism, get_mechanism
+from ..counting.tree import BinaryTreeMechanism
+from .config import NEIGHBOURS, positive_int, positive_real
 from .schedule import UserState, element_size, withhold_release
 from .stream import rescale_setup
 
@@ -166,6 +167,14 @@ def _counter(cls, noise, delta, epsilon_or_rho, sensitivity, horizon, source):
                horizon=horizon, noise="gaussian", delta=delta, rng=source, calibration="zcdp")
 
 
+def _counters_cost(trees, noise, delta):
+    """Basic composition of the counters: the ε add (Laplace) or the ρ add (Gaussian, zCDP)."""
+    if noise == "laplace":
+        return Cost.laplace(sum(t.epsilon for t in trees))
+    rho = sum(t.rho for t in trees)
+    return Cost.gaussian(rho, delta, epsilon=eps_from_rho_delta(rho, delta))
+
+
 class StepNaiveMean:
     """Algorithm 2 (spec §2.3) stepped once per time step, for like-for-like comparisons.
 
@@ -245,13 +254,10 @@ class StepNaiveMean:
             est01 = 0.5 + s / max(den, 1.0)
         return float(self.lower[0] + R * est01)
 
-    def privacy_cost(self):
-        trees = [self.sum_tree] + ([self.count_tree] if self.count_tree is not None else [])
-        if self.noise == "laplace":
-            eps = sum(t.epsilon for t in trees)
-            return {"epsilon": eps, "delta": 0.0, "rho": rho_from_eps(eps)}
-        rho = sum(t.rho for t in trees)
-        return {"epsilon": eps_from_rho_delta(rho, self.delta), "delta": self.delta, "rho": rho}
+    def privacy_cost(self) -> Cost:
+        """The cost of the whole output sequence: the counters compose."""
+        return _counters_cost([self.sum_tree] + ([self.count_tree] if self.count_tree is not None else []),
+                              self.noise, self.delta)
 
 
 def prior_truncation(max_users, max_samples_per_user, beta=0.1, tau=None):
@@ -350,10 +356,6 @@ class StepPriorMean:
         est01 = total / self.N if self.N else self.prior
         return float(self.lower[0] + R * est01)
 
-    def privacy_cost(self):
-        trees = list(self.trees.values())
-        if self.noise == "laplace":
-            eps = sum(t.epsilon for t in trees)
-            return {"epsilon": eps, "delta": 0.0, "rho": rho_from_eps(eps)}
-        rho = sum(t.rho for t in trees)
-        return {"epsilon": eps_from_rho_delta(rho, self.delta), "delta": self.delta, "rho": rho}
+    def privacy_cost(self) -> Cost:
+        """The cost of the counters (the prior's own cost excluded, see above)."""
+        return _counters_cost(list(self.trees.values()), self.noise, self.delta)

@@ -1,6 +1,6 @@
 """The central, single-stream part of Algorithm 6 (seed 003): :class:`ContinualMeanCore`.
 
-Spec withhold_release_and_composition.md §2.9 (§6 A10 for the order within a
+docs/privacy/mean.md M-3 to M-5 (M-5 for the order within a
 step): the continual counters of the levels (and the count tree under
 participation), buffering of inactive levels, activation, priors and the
 released estimate, stepped once per time step with one merged
@@ -9,11 +9,12 @@ released estimate, stepped once per time step with one merged
 """
 
 import math
+from typing import Any, Callable, Dict, Optional
 
 import numpy as np
 
 from ..noise import gaussian_halfwidth, laplace_sum_halfwidth, make_noise
-from ..registry import get_mechanism
+from ..counting.registry import get_mechanism
 from .aggregate import MeanAggregate
 from .median import private_median
 from .plan import PRIOR_CONFIDENCE, prior_error_bound
@@ -31,7 +32,7 @@ class MeanStep:
     __slots__ = ("t", "estimate", "diverse", "noise_std", "ci95", "denominator", "active",
                  "priors", "events")
 
-    def __init__(self, **kw):
+    def __init__(self, **kw: Any) -> None:
         for k in self.__slots__:
             setattr(self, k, kw.get(k))
 
@@ -40,20 +41,21 @@ class MeanStep:
 
 
 class ContinualMeanCore:
-    """The central, single-stream part of Algorithm 6 (spec §2.9), stepped once per time step.
+    """The central, single-stream part of Algorithm 6 (docs/privacy/mean.md M-3 to M-7), stepped once per time step.
 
-    Per step (§6 A10 order): update counts (count tree under participation) →
+    Per step (M-5 order): update counts (count tree under participation) →
     activate levels whose condition holds (median, flush of the buffer) →
     feed every tree this step's level sum → output. Inactive trees are fed
     zero and left out of the estimate (they hold no element). Values are in
-    [0,1]^d here; ``lower``/``upper`` rescale the output (§3.1, post-processing).
+    [0,1]^d here; ``lower``/``upper`` rescale the output (M-4, post-processing).
 
-    ``horizon``: number of steps per tree (None: unbounded, §1.6 U2).
+    ``horizon``: number of steps per tree (None: unbounded, docs/privacy/counting.md C-6).
     """
 
     name = "withhold_release_mean"
 
-    def __init__(self, params, lower=0.0, upper=1.0, horizon=None, rng=None):
+    def __init__(self, params: Any, lower: Any = 0.0, upper: Any = 1.0,
+                 horizon: Optional[int] = None, rng: Any = None) -> None:
         self.p = params
         self.lower = np.broadcast_to(np.asarray(lower, dtype=np.float64), (params.dim,)).copy()
         self.upper = np.broadcast_to(np.asarray(upper, dtype=np.float64), (params.dim,)).copy()
@@ -83,12 +85,12 @@ class ContinualMeanCore:
         self.prefix_inv = 0.0
         self.query = None                    # (estimate in [0,1]^d, public bound, step)
 
-    def can_swap_source(self):
+    def can_swap_source(self) -> bool:
         """True when :meth:`set_noise_source` can swap every tree's source in place."""
         trees = list(self.trees.values()) + ([self.count_tree] if self.count_tree is not None else [])
         return all(hasattr(tree, "set_noise_source") for tree in trees)
 
-    def set_noise_source(self, rng):
+    def set_noise_source(self, rng: Any) -> None:
         """Draw all later noise from ``rng``: the state is unchanged, so this equals
         ``from_state(params, to_state(), ..., rng)`` without the round trip, which a release
         DoFn would otherwise pay at every step to give the step its own keyed source."""
@@ -108,52 +110,28 @@ class ContinualMeanCore:
 
     # -- serialisation ---------------------------------------------------------
 
-    def to_state(self):
-        return {
-            "mechanism": self.name, "t": self.t,
-            "trees": {lv: tr.to_state() for lv, tr in self.trees.items()},
-            "count_tree": None if self.count_tree is None else self.count_tree.to_state(),
-            "active": dict(self.active), "prior": {k: v.tolist() for k, v in self.prior.items()},
-            "buffer": {k: v.tolist() for k, v in self.buffer.items()},
-            "counts": dict(self.counts), "samples_in": dict(self.samples_in), "a": dict(self.a),
-            "max_count": self.max_count,
-            "store": {k: [(i, x.tolist()) for i, x in v] for k, v in self.store.items()},
-            "noisy_counts": None if self.noisy_counts is None else self.noisy_counts.tolist(),
-            "last_est01": None if self.last_est01 is None else self.last_est01.tolist(),
-            "last_bound": self.last_bound,
-            "prefix_mean": self.prefix_mean.tolist(), "prefix_inv": self.prefix_inv,
-            "query": None if self.query is None else (self.query[0].tolist(), self.query[1], self.query[2]),
-        }
+    def to_state(self) -> Dict[str, Any]:
+        """The core's state as plain Python values (lists, dicts, numbers), for Beam state."""
+        state = {"mechanism": self.name}
+        for field, codec in _STATE_FIELDS:
+            state[field] = codec.dump(getattr(self, field))
+        return state
 
     @classmethod
-    def from_state(cls, params, state, lower=0.0, upper=1.0, rng=None):
+    def from_state(cls, params: Any, state: Dict[str, Any], lower: Any = 0.0, upper: Any = 1.0,
+                   rng: Any = None) -> "ContinualMeanCore":
+        """The core :meth:`to_state` saved, drawing later noise from ``rng``."""
         if not isinstance(state, dict) or state.get("mechanism") != cls.name:
             raise ValueError("state is not a continual-mean core state")
         core = cls(params, lower, upper, horizon=next(iter(state["trees"].values()))["horizon"], rng=rng)
-        core.t = state["t"]
-        core.trees = {lv: get_mechanism(s["mechanism"]).from_state(s, rng=core.source)
-                      for lv, s in state["trees"].items()}
-        if state["count_tree"] is not None:
-            ct = state["count_tree"]
-            core.count_tree = get_mechanism(ct["mechanism"]).from_state(ct, rng=core.source)
-        core.active = dict(state["active"])
-        core.prior = {k: np.asarray(v, dtype=np.int64) for k, v in state["prior"].items()}
-        core.buffer = {k: np.asarray(v, dtype=np.float64) for k, v in state["buffer"].items()}
-        core.counts = dict(state["counts"])
-        core.samples_in = dict(state["samples_in"])
-        core.a = dict(state["a"])
-        core.max_count = state["max_count"]
-        core.store = {k: [(i, np.asarray(x, dtype=np.float64)) for i, x in v]
-                      for k, v in state["store"].items()}
-        nc = state["noisy_counts"]
-        core.noisy_counts = None if nc is None else np.asarray(nc, dtype=np.float64)
-        est = state.get("last_est01")
-        core.last_est01 = None if est is None else np.asarray(est, dtype=np.float64)
-        core.last_bound = float(state.get("last_bound", math.inf))
-        core.prefix_mean = np.asarray(state["prefix_mean"], dtype=np.float64)
-        core.prefix_inv = float(state["prefix_inv"])
-        q = state["query"]
-        core.query = None if q is None else (np.asarray(q[0], dtype=np.float64), float(q[1]), int(q[2]))
+        for field, codec in _STATE_FIELDS:
+            if field in state:
+                setattr(core, field, codec.load(state[field], core.source))
+            elif codec.missing is _REQUIRED:
+                raise KeyError(field)
+            else:
+                # States saved before the field existed.
+                setattr(core, field, codec.missing)
         return core
 
     # -- the step --------------------------------------------------------------
@@ -199,7 +177,7 @@ class ContinualMeanCore:
         y = np.clip(est, 0.0, 1.0)
         return np.minimum(np.floor(y * G), G - 1).astype(np.int64)
 
-    def step(self, agg=None):
+    def step(self, agg: Optional[MeanAggregate] = None) -> MeanStep:
         """Consume one step's :class:`MeanAggregate` (None = empty step); return a :class:`MeanStep`."""
         p = self.p
         agg = agg if agg is not None else MeanAggregate()
@@ -220,20 +198,34 @@ class ContinualMeanCore:
             for key, idx, x in agg.samples:
                 self.store.setdefault(key, []).append((idx, np.asarray(x, dtype=np.float64)))
         if self.count_tree is not None:
-            inc = np.zeros(p.count_dim)
-            for j, (group, unit) in enumerate(zip(p.count_groups, p.count_unit)):
-                inc[j] = sum(self._new_samples(lv, agg) for lv in group) / unit
-            for i, lv in enumerate(p.median_levels):
-                inc[len(p.count_groups) + i] = agg.a_inc.get(lv, 0) / element_size(lv)
-            # Coordinate j carries v_j times its count (public weights); divided back here.
-            noisy = self.count_tree.step(inc * p.count_weights)
-            self.noisy_counts = np.atleast_1d(np.asarray(noisy, dtype=np.float64)) / p.count_weights
-            if p.preset == "tuned":
-                # Post-processing: every count coordinate is a number of users (or of
-                # elements, one per user) in [0, n]. With centred elements a level whose
-                # count clamps to 0 drops out of numerator and denominator alike.
-                self.noisy_counts = np.clip(self.noisy_counts, 0.0, float(p.n))
+            self._step_count_tree(agg)
+        feed, fed_n = self._activate(agg)
+        totals = self._tree_inputs(agg, feed, fed_n)
+        for j, group in enumerate(p.tree_groups):
+            self.trees[j].step(sum(totals[lv] for lv in group))
+        return self._output(agg)
 
+    def _step_count_tree(self, agg):
+        """Participation: the count tree's step, read back as clamped noisy counts (M-5)."""
+        p = self.p
+        inc = np.zeros(p.count_dim)
+        for j, (group, unit) in enumerate(zip(p.count_groups, p.count_unit)):
+            inc[j] = sum(self._new_samples(lv, agg) for lv in group) / unit
+        for i, lv in enumerate(p.median_levels):
+            inc[len(p.count_groups) + i] = agg.a_inc.get(lv, 0) / element_size(lv)
+        # Coordinate j carries v_j times its count (public weights); divided back here.
+        noisy = self.count_tree.step(inc * p.count_weights)
+        self.noisy_counts = np.atleast_1d(np.asarray(noisy, dtype=np.float64)) / p.count_weights
+        if p.preset == "tuned":
+            # Post-processing: every count coordinate is a number of users (or of
+            # elements, one per user) in [0, n]. With centred elements a level whose
+            # count clamps to 0 drops out of numerator and denominator alike.
+            self.noisy_counts = np.clip(self.noisy_counts, 0.0, float(p.n))
+
+    def _activate(self, agg):
+        """Buffer inactive levels' elements, activate the levels whose prior is due and
+        return what each truncated level feeds its tree this step (the order of M-5)."""
+        p = self.p
         feed, fed_n = {}, {}
         for lv in p.prior_levels:
             if lv in agg.proj:
@@ -257,12 +249,16 @@ class ContinualMeanCore:
                 self.prior[lv] = idx
             self.active[lv] = True
             if lv in self.buffer:
-                # The buffer holds every level-ℓ element so far, this step's included (A6-4).
+                # The buffer holds every level-ℓ element so far, this step's included (M-3).
                 feed[lv] = self._pick(lv, self.buffer.pop(lv))
                 fed_n[lv] = self.counts[lv]
         if all(self.active.values()):
             self.store = {}
+        return feed, fed_n
 
+    def _tree_inputs(self, agg, feed, fed_n):
+        """Each level's input this step, centred under participation (M-4)."""
+        p = self.p
         totals = {}
         for lv in p.levels:
             x = np.zeros(p.dim)
@@ -281,9 +277,7 @@ class ContinualMeanCore:
                 elif n_new:
                     x = x - n_new * self._centre(lv)
             totals[lv] = x
-        for j, group in enumerate(p.tree_groups):
-            self.trees[j].step(sum(totals[lv] for lv in group))
-        return self._output(agg)
+        return totals
 
     def _new_samples(self, level, agg):
         """Samples a step adds to level ℓ's sums: fed at once (tuned, untruncated) or whole elements."""
@@ -313,74 +307,91 @@ class ContinualMeanCore:
         active = [lv for lv in p.levels if self.active[lv]]
         tree_keys = [j for j, group in enumerate(p.tree_groups) if any(self.active[lv] for lv in group)]
         if not p.participation:
-            num = sum(self.trees[key].current() for key in tree_keys)
-            den = float(sum(self._covered(lv) for lv in active))
-            est01 = np.asarray(num, dtype=np.float64) / den if den > 0 else np.full(p.dim, 0.5)
-            trees = [self.trees[key] for key in tree_keys] if self.t else []
-            std = math.sqrt(sum(tr.noise_std(self.t) ** 2 for tr in trees))
-            std01 = std / den if den > 0 else math.inf
-            if den <= 0:
-                ci01 = math.inf
-            elif p.noise == "gaussian":
-                ci01 = gaussian_halfwidth(std01)
-            elif all(hasattr(tr, "noise_scales") for tr in trees):
-                # Trees expose their independent Laplace node scales: exact interval.
-                ci01 = laplace_sum_halfwidth(
-                    [s for tr in trees for s in tr.noise_scales(self.t)]) / den
-            else:
-                # Other mechanisms mix their Laplace noises; a Bonferroni union of
-                # the per-tree exact intervals keeps coverage >= 95 %.
-                ci01 = sum(tr.ci_halfwidth(self.t, 1 - 0.05 / len(trees)) for tr in trees) / den
+            est01, std01, ci01, den = self._estimate_values(active, tree_keys)
             diverse = self._diverse_values()
         else:
-            nc = self.noisy_counts
-            num = sum(np.asarray(self.trees[key].current(), dtype=np.float64) for key in tree_keys)
-            num = num + np.zeros(p.dim)
-            den = 0.0
-            groups = [j for j, group in enumerate(p.count_groups) if all(self.active[lv] for lv in group)]
-            # Per count coordinate: samples per unit and centre per sample (levels of a
-            # merged coordinate are untruncated and share the centre ½).
-            units = {j: p.count_unit[j] for j in groups}
-            centres = {j: self._centre(p.count_groups[j][0]) / element_size(p.count_groups[j][0])
-                       for j in groups}
-            for j in groups:
-                num = num + centres[j] * units[j] * nc[j]
-                den += units[j] * nc[j]
-            den_raw = den
-            # First-order (delta-method) std: tree noise plus the count noise
-            # weighted by how far each coordinate's centre is from the estimate
-            # (coordinate j of the count tree carries v_j times its count: noise cstd/v_j).
-            cstd = self.count_tree.noise_std(self.t)
-            tvar = sum(self.trees[key].noise_std(self.t) ** 2 for key in tree_keys)
-            eta = {j: cstd / p.count_weights[j] for j in groups}
-            sd_den = math.sqrt(sum((units[j] * eta[j]) ** 2 for j in groups))
-            # Post-processing of noisy counts: the denominator is at least one sample
-            # and, tuned, at least its noise's 95 % half-width (public). Below that a
-            # ratio estimate divides by noise (heavy Laplace tails made single runs
-            # of the routes stream miss by the whole range); the missing mass is
-            # filled with samples at the public centre ½, shrinking toward it.
-            if p.preset == "paper":
-                den = max(den, 1.0)
-            else:
-                floor = max(1.0, gaussian_halfwidth(sd_den))
-                if den < floor:
-                    num = num + 0.5 * (floor - den)
-                    den = floor
-            est01 = num / den
-
-            var = tvar + sum((units[j] * (centres[j] - est01) * eta[j]) ** 2 for j in groups)
-            std01 = np.sqrt(var) / den
-            ci01 = gaussian_halfwidth(1.0) * std01
-            # For the activation bound: the error is exactly (a − r·b)/den̂, with a, b the
-            # numerator and denominator noises and r the exact mean. The std sd(r) of
-            # a − r·b satisfies sd(r) <= sd(est) + |r − est|·sd(b) (triangle inequality),
-            # so |error| <= z·sd(r)/den̂ implies |error| <= z·sd(est)/(den̂ − z·sd(b)).
-            z = gaussian_halfwidth(1.0, PRIOR_CONFIDENCE)
-            slack = den_raw - z * sd_den
-            bound_std = std01 * den / slack if slack > 0 else np.full(p.dim, math.inf)
+            est01, std01, ci01, den, bound_std = self._estimate_participation(tree_keys)
             diverse = self._diverse_participation()
         if p.prior == "release":
             self._update_bound(est01, std01 if not p.participation else bound_std, den)
+        return self._release(agg, active, est01, std01, ci01, den, diverse)
+
+    def _estimate_values(self, active, tree_keys):
+        """``(estimate, std, 95 % half-width, denominator)`` in [0, 1] units; counts public (M-1)."""
+        p = self.p
+        num = sum(self.trees[key].current() for key in tree_keys)
+        den = float(sum(self._covered(lv) for lv in active))
+        est01 = np.asarray(num, dtype=np.float64) / den if den > 0 else np.full(p.dim, 0.5)
+        trees = [self.trees[key] for key in tree_keys] if self.t else []
+        std = math.sqrt(sum(tr.noise_std(self.t) ** 2 for tr in trees))
+        std01 = std / den if den > 0 else math.inf
+        if den <= 0:
+            ci01 = math.inf
+        elif p.noise == "gaussian":
+            ci01 = gaussian_halfwidth(std01)
+        elif all(hasattr(tr, "noise_scales") for tr in trees):
+            # Trees expose their independent Laplace node scales: exact interval.
+            ci01 = laplace_sum_halfwidth(
+                [s for tr in trees for s in tr.noise_scales(self.t)]) / den
+        else:
+            # Other mechanisms mix their Laplace noises; a Bonferroni union of
+            # the per-tree exact intervals keeps coverage >= 95 %.
+            ci01 = sum(tr.ci_halfwidth(self.t, 1 - 0.05 / len(trees)) for tr in trees) / den
+        return est01, std01, ci01, den
+
+    def _estimate_participation(self, tree_keys):
+        """``(estimate, std, half-width, denominator, activation std)`` from noisy counts (M-5)."""
+        p = self.p
+        nc = self.noisy_counts
+        num = sum(np.asarray(self.trees[key].current(), dtype=np.float64) for key in tree_keys)
+        num = num + np.zeros(p.dim)
+        den = 0.0
+        groups = [j for j, group in enumerate(p.count_groups) if all(self.active[lv] for lv in group)]
+        # Per count coordinate: samples per unit and centre per sample (levels of a
+        # merged coordinate are untruncated and share the centre ½).
+        units = {j: p.count_unit[j] for j in groups}
+        centres = {j: self._centre(p.count_groups[j][0]) / element_size(p.count_groups[j][0])
+                   for j in groups}
+        for j in groups:
+            num = num + centres[j] * units[j] * nc[j]
+            den += units[j] * nc[j]
+        den_raw = den
+        # First-order (delta-method) std: tree noise plus the count noise
+        # weighted by how far each coordinate's centre is from the estimate
+        # (coordinate j of the count tree carries v_j times its count: noise cstd/v_j).
+        cstd = self.count_tree.noise_std(self.t)
+        tvar = sum(self.trees[key].noise_std(self.t) ** 2 for key in tree_keys)
+        eta = {j: cstd / p.count_weights[j] for j in groups}
+        sd_den = math.sqrt(sum((units[j] * eta[j]) ** 2 for j in groups))
+        # Post-processing of noisy counts: the denominator is at least one sample
+        # and, tuned, at least its noise's 95 % half-width (public). Below that a
+        # ratio estimate divides by noise (heavy Laplace tails made single runs
+        # of the routes stream miss by the whole range); the missing mass is
+        # filled with samples at the public centre ½, shrinking toward it.
+        if p.preset == "paper":
+            den = max(den, 1.0)
+        else:
+            floor = max(1.0, gaussian_halfwidth(sd_den))
+            if den < floor:
+                num = num + 0.5 * (floor - den)
+                den = floor
+        est01 = num / den
+
+        var = tvar + sum((units[j] * (centres[j] - est01) * eta[j]) ** 2 for j in groups)
+        std01 = np.sqrt(var) / den
+        ci01 = gaussian_halfwidth(1.0) * std01
+        # For the activation bound: the error is exactly (a − r·b)/den̂, with a, b the
+        # numerator and denominator noises and r the exact mean. The std sd(r) of
+        # a − r·b satisfies sd(r) <= sd(est) + |r − est|·sd(b) (triangle inequality),
+        # so |error| <= z·sd(r)/den̂ implies |error| <= z·sd(est)/(den̂ − z·sd(b)).
+        z = gaussian_halfwidth(1.0, PRIOR_CONFIDENCE)
+        slack = den_raw - z * sd_den
+        bound_std = std01 * den / slack if slack > 0 else np.full(p.dim, math.inf)
+        return est01, std01, ci01, den, bound_std
+
+    def _release(self, agg, active, est01, std01, ci01, den, diverse):
+        """The :class:`MeanStep` in the units of ``[lower, upper]`` (post-processing)."""
+        p = self.p
         R = self.upper - self.lower
         estimate = self.lower + R * est01
         noise_std = R * std01
@@ -410,7 +421,7 @@ class ContinualMeanCore:
         self.last_bound = prior_error_bound(std, den)
 
     def _diverse_values(self):
-        """Canonical Div(t) (§2.9, §6 A9): ℓ* = ⌊log2 M_t⌋ ≤ 1 or A_{ℓ*} ≥ 2^{ℓ*−1}k_{ℓ*}. Public.
+        """Canonical Div(t) (M-1, M-5): ℓ* = ⌊log2 M_t⌋ ≤ 1 or A_{ℓ*} ≥ 2^{ℓ*−1}k_{ℓ*}. Public.
 
         With the release prior (tuned preset): every level up to ℓ* is active."""
         if self.max_count <= 0:
@@ -426,3 +437,71 @@ class ContinualMeanCore:
         margin = self.count_tree.ci_halfwidth(self.count_tree.t)
         return all(all(self.active[lv] for lv in group) or self.noisy_counts[j] <= margin / self.p.count_weights[j]
                    for j, group in enumerate(self.p.count_groups))
+
+
+_REQUIRED = object()
+
+
+class _Codec:
+    """How one core attribute is saved in, and read back from, the state dict."""
+
+    def __init__(self, dump: Callable[[Any], Any], load: Callable[[Any, Any], Any],
+                 missing: Any = _REQUIRED):
+        self.dump, self.load, self.missing = dump, load, missing
+
+
+def _optional(convert: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    return lambda value: None if value is None else convert(value)
+
+
+def _tree_state(tree: Any) -> Any:
+    return tree.to_state()
+
+
+def _tree_from(state: Any, source: Any) -> Any:
+    return get_mechanism(state["mechanism"]).from_state(state, rng=source)
+
+
+def _floats(value: Any) -> np.ndarray:
+    return np.asarray(value, dtype=np.float64)
+
+
+def _query_state(query: Any) -> Any:
+    return (query[0].tolist(), query[1], query[2])
+
+
+def _query_from(query: Any) -> Any:
+    return (_floats(query[0]), float(query[1]), int(query[2]))
+
+
+_PLAIN = _Codec(lambda value: value, lambda value, source: value)
+_DICT = _Codec(dict, lambda value, source: dict(value))
+
+#: The core's state fields in their saved order; the format (a plain dict with these
+#: keys, besides "mechanism") is unchanged from the hand-written maps it replaces.
+_STATE_FIELDS = (
+    ("t", _PLAIN),
+    ("trees", _Codec(lambda trees: {j: _tree_state(tr) for j, tr in trees.items()},
+                     lambda trees, source: {j: _tree_from(s, source) for j, s in trees.items()})),
+    ("count_tree", _Codec(_optional(_tree_state),
+                          lambda state, source: None if state is None else _tree_from(state, source))),
+    ("active", _DICT),
+    ("prior", _Codec(lambda prior: {k: v.tolist() for k, v in prior.items()},
+                     lambda prior, source: {k: np.asarray(v, dtype=np.int64) for k, v in prior.items()})),
+    ("buffer", _Codec(lambda buffer: {k: v.tolist() for k, v in buffer.items()},
+                      lambda buffer, source: {k: _floats(v) for k, v in buffer.items()})),
+    ("counts", _DICT),
+    ("samples_in", _DICT),
+    ("a", _DICT),
+    ("max_count", _PLAIN),
+    ("store", _Codec(lambda store: {k: [(i, x.tolist()) for i, x in v] for k, v in store.items()},
+                     lambda store, source: {k: [(i, _floats(x)) for i, x in v]
+                                            for k, v in store.items()})),
+    ("noisy_counts", _Codec(_optional(np.ndarray.tolist), lambda v, source: _optional(_floats)(v))),
+    ("last_est01", _Codec(_optional(np.ndarray.tolist), lambda v, source: _optional(_floats)(v),
+                          missing=None)),
+    ("last_bound", _Codec(lambda v: v, lambda v, source: float(v), missing=math.inf)),
+    ("prefix_mean", _Codec(np.ndarray.tolist, lambda v, source: _floats(v))),
+    ("prefix_inv", _Codec(lambda v: v, lambda v, source: float(v))),
+    ("query", _Codec(_optional(_query_state), lambda v, source: _optional(_query_from)(v))),
+)

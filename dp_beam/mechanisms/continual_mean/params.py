@@ -1,18 +1,21 @@
 """The constants of Algorithm 6 (seed 003): :class:`MeanParams`.
 
-Spec withhold_release_and_composition.md §2.9 (the canonical constants and
-the budget split), §2.10 (their worked tables), §3 (d dimensions) and §6
-(the resolved ambiguities, A4–A6, A15). The tuned preset's plan is in
-:mod:`.plan`; the sensitivities both presets calibrate to are here.
+docs/privacy/mean.md M-3 to M-7 (the canonical constants, the sensitivities
+and the budget split, with d dimensions) and M-8 (the worked values and the
+tuned preset). The parameters are :class:`~.config.MeanConfig`; the tuned
+preset's plan is in :mod:`.plan`; the sensitivities both presets calibrate
+to are here.
 """
 
 import math
-import numbers
+from typing import Any, Optional
 
 import numpy as np
 
+from ...accounting.cost import Cost
 from ..calibration import eps_from_rho_delta, rho_from_eps, rho_from_eps_delta
-from ..registry import default_mechanism, get_mechanism
+from ..counting.registry import default_mechanism
+from .config import NEIGHBOURS, PRESETS, MeanConfig, h
 from .median import grid
 from .plan import TunedPlan
 from .schedule import element_size
@@ -22,33 +25,6 @@ __all__ = [
     "PRESETS",
     "MeanParams",
 ]
-
-
-NEIGHBOURS = ("participation", "values")
-
-#: Parameter presets of :class:`MeanParams` (see its docstring).
-PRESETS = ("tuned", "paper")
-
-
-def h(n):
-    """Tree depth ``⌊log2 n⌋ + 1`` (spec §0.2, §6 A3)."""
-    return int(n).bit_length()
-
-
-def positive_int(name, value):
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
-        raise ValueError(f"{name} must be an int >= 1, got {value!r}")
-    return int(value)
-
-
-def positive_real(name, value, upper=None):
-    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
-        raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
-    value = float(value)
-    if value <= 0 or (upper is not None and value >= upper):
-        bound = f" and < {upper}" if upper is not None else ""
-        raise ValueError(f"{name} must be > 0{bound}, got {value!r}")
-    return value
 
 
 class MeanParams(TunedPlan):
@@ -221,8 +197,13 @@ class MeanParams(TunedPlan):
     Budgets are in :attr:`eps_level` / :attr:`rho_level` (keys: the index j
     of value tree ``tree_groups[j]`` — the level itself for the paper's one
     tree per level — and ``"count"``) for both presets; :attr:`eps_tree` /
-    :attr:`rho_tree` are the paper's single per-tree values
-    (``preset="paper"``) or the same dicts (``preset="tuned"``).
+    :attr:`rho_tree` are the paper's single per-tree values, a float or None
+    (``rho_tree`` with Laplace noise; both with ``preset="tuned"``, whose
+    trees have budgets by use).
+
+    Built from one :class:`~.config.MeanConfig` (``MeanParams(config)``) or
+    from its arguments (``MeanParams(n, m, epsilon, ...)``); :attr:`config`
+    keeps it. The constants are read-only once derived.
 
     >>> p = MeanParams(1000, 16, 1.0, 0.1, neighbours="values", preset="paper")
     >>> p.L, p.eps_tree, p.eps_median, [p.k[l] for l in (2, 3, 4)]
@@ -236,73 +217,40 @@ class MeanParams(TunedPlan):
     1.0
     """
 
-    def __init__(self, max_users, max_samples_per_user, epsilon, beta=0.1, *, dim=1,
-                 neighbours="participation", noise=None, delta=None,
-                 median_budget=None, tree_levels=None, mechanism=None, horizon=None,
-                 preset="tuned", prior_ratio=None, prior_query=None, user_spread=0.0):
-        if preset not in PRESETS:
-            raise ValueError(f"preset must be one of {PRESETS}, got {preset!r}")
-        self.preset = preset
-        self.n = positive_int("max_users", max_users)
-        self.m = positive_int("max_samples_per_user", max_samples_per_user)
-        self.epsilon = positive_real("epsilon", epsilon)
-        self.beta = positive_real("beta", beta, upper=1.0)
-        self.dim = positive_int("dim", dim)
-        if neighbours not in NEIGHBOURS:
-            raise ValueError(f"neighbours must be one of {NEIGHBOURS}, got {neighbours!r}")
-        self.neighbours = neighbours
-        if noise is None:
-            noise = "laplace" if delta in (None, 0, 0.0) else "gaussian"
-        if noise not in ("laplace", "gaussian"):
-            raise ValueError(f"noise must be 'laplace', 'gaussian' or None, got {noise!r}")
-        self.noise = noise
-        if noise == "gaussian":
-            self.delta = positive_real("delta", delta, upper=1.0)
-        elif delta not in (None, 0, 0.0):
-            raise ValueError(f"delta must be None for Laplace noise (pure epsilon-DP), got {delta!r}")
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        # One MeanConfig, or the arguments of MeanConfig itself: the parameter list is
+        # written once, in MeanConfig.
+        if len(args) == 1 and not kwargs and isinstance(args[0], MeanConfig):
+            config = args[0]
         else:
-            self.delta = None
-        if horizon is not None:
-            horizon = positive_int("horizon", horizon)
-        self.horizon = horizon
-        if prior_ratio is not None:
-            if preset != "tuned":
-                raise ValueError("prior_ratio applies to preset='tuned' only")
-            if not (isinstance(prior_ratio, numbers.Real) and prior_ratio == math.inf):
-                prior_ratio = positive_real("prior_ratio", prior_ratio)    # math.inf: no prior
-        self.prior_ratio = prior_ratio
-        if prior_query is not None:
-            if preset != "tuned":
-                raise ValueError("prior_query applies to preset='tuned' only")
-            if not isinstance(prior_query, bool):
-                raise ValueError(f"prior_query must be None, True or False, got {prior_query!r}")
-            if prior_query and neighbours != "values":
-                raise ValueError("prior_query=True needs neighbours='values' (user counts must be public)")
-        self.prior_query = prior_query
-        if (isinstance(user_spread, bool) or not isinstance(user_spread, numbers.Real)
-                or not 0.0 <= user_spread < 1.0):
-            raise ValueError(f"user_spread must be a number in [0, 1), got {user_spread!r}")
-        if user_spread and preset != "tuned":
-            raise ValueError("user_spread applies to preset='tuned' only")
-        self.user_spread = float(user_spread)
-        if mechanism is None:
-            mechanism = "tree" if preset == "paper" else default_mechanism(noise, horizon)
+            config = MeanConfig(*args, **kwargs)
+        self.config = config
+        self.preset = config.preset
+        self.n = config.max_users
+        self.m = config.max_samples_per_user
+        self.epsilon = config.epsilon
+        self.beta = config.beta
+        self.dim = config.dim
+        self.neighbours = config.neighbours
+        self.noise = noise = config.resolved_noise()
+        self.delta = config.delta if noise == "gaussian" else None
+        self.horizon = config.horizon
+        self.prior_ratio = config.prior_ratio
+        self.prior_query = config.prior_query
+        self.user_spread = config.user_spread
         # Any continual-counting mechanism works per level: the trees are
         # calibrated to a bound on the sum over steps of a user's changes (see
         # group_sensitivity), which a linear counter turns into its noise scale
         # through its largest column norm, whatever the factorisation.
-        get_mechanism(mechanism)  # raises ValueError naming `mechanism`
-        self.mechanism = mechanism
-        if median_budget is None:
-            median_budget = "per_L"
-        if median_budget not in ("per_L", "per_L_minus_1"):
-            raise ValueError(f"median_budget must be 'per_L', 'per_L_minus_1' or None, got {median_budget!r}")
-        self.median_budget = median_budget
-        self.tree_levels = h(self.n) if tree_levels is None else positive_int("tree_levels", tree_levels)
-        self.L = self.m.bit_length() - 1                            # §6 A4
+        self.mechanism = config.mechanism or (
+            "tree" if self.preset == "paper" else default_mechanism(noise, self.horizon))
+        self.median_budget = config.median_budget or "per_L"
+        self.tree_levels = h(self.n) if config.tree_levels is None else config.tree_levels
+        self.L = self.m.bit_length() - 1                            # M-2: L = ⌊log2 m⌋
         self.levels = list(range(self.L + 1))
-        self.participation = neighbours == "participation"
-        if preset == "paper":
+        self.participation = self.neighbours == "participation"
+        self.eps_tree = self.rho_tree = None
+        if self.preset == "paper":
             self._init_paper()
         else:
             self._init_tuned()
@@ -310,9 +258,17 @@ class MeanParams(TunedPlan):
         # Tuned: untruncated levels take each sample as it arrives (see "plain levels
         # fed at once" in the class docstring); the paper withholds every level.
         self.immediate = (frozenset(lv for lv in self.levels if lv not in self.prior_set)
-                          if preset == "tuned" else frozenset())
+                          if self.preset == "tuned" else frozenset())
         self.n_trees = len([key for key in self.eps_level if key != "query"])
         self.count_dim = len(self.count_weights)
+        self._frozen = True
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        # The plan is derived once from the config: a changed constant would no longer
+        # match the budget split it was calibrated with.
+        if self.__dict__.get("_frozen"):
+            raise AttributeError(f"MeanParams is read-only after construction: cannot set {name!r}")
+        object.__setattr__(self, name, value)
 
     # -- preset "paper": §2.9 canonical constants ---------------------------------
 
@@ -377,18 +333,18 @@ class MeanParams(TunedPlan):
 
     # -- derived quantities -----------------------------------------------------------
 
-    def tree_epsilon(self, key):
+    def tree_epsilon(self, key: Any) -> float:
         """ε given to the tree of level ``key`` (or ``"count"``); for Gaussian noise the
         (ε, δ) whose zCDP calibration is exactly :meth:`tree_rho`."""
         return self.eps_level[key]
 
-    def tree_rho(self, key):
+    def tree_rho(self, key: Any) -> float:
         """ρ of the tree of level ``key`` (or ``"count"``): ε²/2 for Laplace trees."""
         if self.rho_level is None:
             return rho_from_eps(self.eps_level[key])
         return self.rho_level[key]
 
-    def group_sensitivity(self, j):
+    def group_sensitivity(self, j: int) -> float:
         """Sensitivity of value tree j, fed the per-step sum of its levels' elements: ``Σ_{ℓ∈group} sens_ℓ``.
 
         A user puts at most one element into each level, at any steps; the
@@ -397,23 +353,23 @@ class MeanParams(TunedPlan):
         which is the sensitivity a continual counter is calibrated to."""
         return sum(self.tree_sensitivity(lv) for lv in self.tree_groups[j])
 
-    def values_sensitivity(self):
+    def values_sensitivity(self) -> float:
         """``Σ_ℓ sens_ℓ`` over all levels: the sensitivity one tree for all levels would need."""
         return sum(self.tree_sensitivity(lv) for lv in self.levels)
 
     # Sensitivity of one user's whole contribution to a tree (§1.2 with c_u = 1).
-    def tree_sensitivity(self, level):
+    def tree_sensitivity(self, level: int) -> float:
         """Per-user sensitivity of B_ℓ's input sequence: L1 ``d·e_ℓ`` (Laplace), L2 ``√d·e_ℓ`` (Gaussian)."""
         factor = self.dim if self.noise == "laplace" else math.sqrt(self.dim)
         return factor * self.element_bound[level]
 
-    def count_sensitivity(self):
+    def count_sensitivity(self) -> float:
         """Per-user sensitivity of the count tree: a user adds at most ``v_j`` to coordinate j
         (paper: v = 1 over 2L coordinates, so L1 2L and L2 √(2L))."""
         v = self.count_weights
         return float(v.sum()) if self.noise == "laplace" else float(np.sqrt((v * v).sum()))
 
-    def noise_scale(self, level, levels=None):
+    def noise_scale(self, level: Any, levels: Optional[int] = None) -> float:
         """Node noise scale of B_ℓ (or ``"count"``) for a tree of ``levels`` levels (default ``tree_levels``).
 
         Laplace ``η_ℓ = h·sens_ℓ/ε_ℓ`` (eq. (10)); Gaussian σ for L2 sensitivity
@@ -425,26 +381,27 @@ class MeanParams(TunedPlan):
             return levels * sens / self.eps_level[level]
         return math.sqrt(levels) * sens / math.sqrt(2 * self.rho_level[level])
 
-    def centre(self, level, mu):
+    def centre(self, level: int, mu: Any) -> Any:
         """Centre 2^{ℓ−1}·μ̃ of I_ℓ (eq. (8)); ½ for levels 0, 1 (participation centring)."""
         if level <= 1:
             return 0.5
         return element_size(level) * mu
 
-    def grid(self, level):
+    def grid(self, level: int) -> np.ndarray:
+        """The public grid T_ℓ of level ℓ's priors (M-6)."""
         return grid(self.G[level])
 
-    def privacy_cost(self):
-        """Total cost of the whole output sequence: ``{"epsilon", "delta", "rho"}`` (§2.9, Lemma 2.2)."""
+    def privacy_cost(self) -> Cost:
+        """Total cost of the whole output sequence (§2.9, Lemma 2.2)."""
         trees = list(self.eps_level)
         if self.noise == "laplace":
             eps = sum(self.eps_level[key] for key in trees)
             eps += len(self.median_levels) * (self.eps_median or 0.0)
-            return {"epsilon": eps, "delta": 0.0, "rho": rho_from_eps(eps)}
+            return Cost.laplace(eps)
         rho = sum(self.rho_level[key] for key in trees)
         rho += len(self.median_levels) * self.dim * (self.eps_median_coord or 0.0) ** 2 / 2
-        return {"epsilon": eps_from_rho_delta(rho, self.delta), "delta": self.delta, "rho": rho}
+        return Cost.gaussian(rho, self.delta, epsilon=eps_from_rho_delta(rho, self.delta))
 
-    def activation_threshold(self, level):
+    def activation_threshold(self, level: int) -> int:
         """Samples ``2^{ℓ−1}·k_ℓ`` that activate B_ℓ (§2.9 "Line 9"; median prior only)."""
         return element_size(level) * self.k[level]

@@ -11,12 +11,13 @@ never data, so the plan is public; the docstring of
 
 import functools
 import math
+from typing import List, Optional, Tuple
 
 import numpy as np
 
 from ..calibration import eps_from_rho_delta, rho_from_eps_delta
 from ..noise import ZeroNoise, gaussian_halfwidth
-from ..registry import get_mechanism
+from ..counting.registry import get_mechanism
 from .schedule import element_size
 
 __all__ = [
@@ -86,7 +87,7 @@ PRIOR_CONFIDENCE = 0.95
 CENTRE_OFFSET = 0.25
 
 
-def prior_error_bound(std, den):
+def prior_error_bound(std: float, den: float) -> float:
     """Tuned preset: public bound on a release's distance from μ, used to activate a level.
 
     ``z·std + √(ln(2/(1−c))/(2N))`` with c = :data:`PRIOR_CONFIDENCE` and z its
@@ -177,7 +178,13 @@ class TunedPlan:
             self.G[level], self.gamma[level], self.Delta[level] = G, gamma, Delta
             self.width[level] = 2 * Delta
             self.element_bound[level] = Delta if self.participation else 2 * Delta
+        weight = self._tuned_trees()
+        self._tuned_budget(weight)
+        self.query_target = self._tuned_query_target() if self.query else None
 
+    def _tuned_trees(self):
+        """The value trees and, under participation, the count tree's coordinates and
+        weights; returns each tree's planned error weight (docs/privacy/mean.md M-8)."""
         lap = self.noise == "laplace"
         power = 2 / 3 if lap else 1.0
         plain_levels = tuple(lv for lv in self.levels if lv not in self.G)
@@ -212,6 +219,12 @@ class TunedPlan:
         else:
             self.count_groups, self.count_unit = [], []
             self.count_weights = self.count_offsets = np.zeros(0)
+        return weight
+
+    def _tuned_budget(self, weight):
+        """ε (Laplace) or ρ (Gaussian) by use: the query's fixed share, the trees the rest
+        in proportion to ``weight`` (basic or zCDP composition, M-7)."""
+        lap = self.noise == "laplace"
         total = sum(weight.values())
         # The prior query takes a fixed share; the trees split the rest as planned.
         share = QUERY_SHARE if self.query else 0.0
@@ -226,20 +239,18 @@ class TunedPlan:
             if self.query:
                 self.rho_level["query"] = share * rho
             self.eps_level = {key: eps_from_rho_delta(r, self.delta) for key, r in self.rho_level.items()}
-        self.query_target = None
-        if self.query:
-            # The query fires once its public bound is below the target of the most
-            # demanding level it can serve at n·min(PLAN_USER_FRACTIONS) users (the
-            # hedge of the plan); with no such level it fires for the widest one.
-            fewest = self.n * min(PLAN_USER_FRACTIONS)
-            floor = self.query_bound(fewest, fewest / (1 << self.L))
-            usable = [self.gamma[lv] for lv in self.prior_levels if self.gamma[lv] >= floor]
-            self.query_target = (min(usable) if usable else
-                                 max((self.gamma[lv] for lv in self.prior_levels), default=0.0))
-        self.eps_tree = dict(self.eps_level)
-        self.rho_tree = None if self.rho_level is None else dict(self.rho_level)
 
-    def planned_error(self, users=None):
+    def _tuned_query_target(self):
+        """The bound at which the prior query fires: the target of the most demanding
+        level it can serve at n·min(PLAN_USER_FRACTIONS) users (the hedge of the plan);
+        with no such level, the widest one's."""
+        fewest = self.n * min(PLAN_USER_FRACTIONS)
+        floor = self.query_bound(fewest, fewest / (1 << self.L))
+        usable = [self.gamma[lv] for lv in self.prior_levels if self.gamma[lv] >= floor]
+        return (min(usable) if usable else
+                max((self.gamma[lv] for lv in self.prior_levels), default=0.0))
+
+    def planned_error(self, users: Optional[float] = None) -> Tuple[float, List[int]]:
         """Tuned preset: the planned end-of-stream error of the estimate and the levels planned to activate.
 
         A model run from public inputs only (n, m, ε or ρ, the counters,
@@ -283,16 +294,7 @@ class TunedPlan:
         count_std = std(self.count_sensitivity(), "count") if self.participation else 0.0
 
         def moments(active):
-            den = users * sum(element_size(lv) for lv in active)
-            var = sum(sd ** 2 for sd, group in zip(tree_std, self.tree_groups)
-                      if any(lv in active for lv in group))
-            den_var = 0.0
-            for j, group in enumerate(self.count_groups):
-                if all(lv in active for lv in group):
-                    eta = count_std / self.count_weights[j]
-                    var += (self.count_offsets[j] * eta) ** 2
-                    den_var += (self.count_unit[j] * eta) ** 2
-            return den, var, math.sqrt(den_var)
+            return self._planned_moments(users, active, tree_std, count_std)
 
         z = gaussian_halfwidth(1.0, PRIOR_CONFIDENCE)
         active = set(self.levels) - set(self.prior_levels)
@@ -312,21 +314,35 @@ class TunedPlan:
         error = math.sqrt(var / den ** 2 + 0.25 * max(1 / den - 1 / full, 0.0))
         return error, sorted(active)
 
-    def query_noise_scale(self):
+    def _planned_moments(self, users, active, tree_std, count_std):
+        """Planned ``(denominator, numerator noise variance, denominator noise std)`` of a
+        release over ``users`` users with the levels ``active``."""
+        den = users * sum(element_size(lv) for lv in active)
+        var = sum(sd ** 2 for sd, group in zip(tree_std, self.tree_groups)
+                  if any(lv in active for lv in group))
+        den_var = 0.0
+        for j, group in enumerate(self.count_groups):
+            if all(lv in active for lv in group):
+                eta = count_std / self.count_weights[j]
+                var += (self.count_offsets[j] * eta) ** 2
+                den_var += (self.count_unit[j] * eta) ** 2
+        return den, var, math.sqrt(den_var)
+
+    def query_noise_scale(self) -> float:
         """Tuned preset, prior query: the per-coordinate noise of the query's sum of user means
         (sensitivity 1 per coordinate, L1 d, L2 √d): Laplace scale d/ε_q, or Gaussian σ = √(d/(2ρ_q))."""
         if self.noise == "laplace":
             return self.dim / self.eps_level["query"]
         return math.sqrt(self.dim / (2 * self.rho_level["query"]))
 
-    def query_noise_halfwidth(self):
+    def query_noise_halfwidth(self) -> float:
         """Tuned preset, prior query: the ``PRIOR_CONFIDENCE`` half-width of that noise (Laplace:
         the exact quantile ``scale·ln(1/(1−c))``)."""
         if self.noise == "laplace":
             return self.query_noise_scale() * math.log(1 / (1 - PRIOR_CONFIDENCE))
         return gaussian_halfwidth(self.query_noise_scale(), PRIOR_CONFIDENCE)
 
-    def query_bound(self, users, inv_count):
+    def query_bound(self, users: float, inv_count: float) -> float:
         """Tuned preset, prior query: public bound on the distance from μ of the query's estimate
         over ``users`` users whose released samples number k_u, with ``inv_count`` = Σ_u 1/k_u.
 

@@ -1,30 +1,34 @@
 """Private continual cumulative ERM release: Algorithms 2 + 4 of seed 004.
 
-Spec private_erm_and_incremental_regression.md §1.5 and §1.9 (seed 004:
+``docs/privacy/erm.md`` E-6 and E-5 to E-7, E-9 (seed 004:
 Watson et al., *Continual and Sliding Window Release for Private ERM*): base
 models from scratch at t = 2^k·B and PBERM updates toward them in between,
 one release per block.
 """
 
+from typing import Optional, Sequence, Tuple
+
+from ..checks import check_int
+from ..noise import RngLike
+from .log import BlockLog
 from .record import model_from_state, model_to_state
-from .stream import ERMStream
-from .validation import check_int, is_pow2
+from .stream import ERMStream, is_pow2
 
-__all__ = ["ContinualERM"]
+__all__ = ["ContinualERMMechanism"]
 
 
-class ContinualERM(ERMStream):
-    """Private continual cumulative release: Algorithm 4 with Alg. 2 base models (spec §1.5).
+class ContinualERMMechanism(ERMStream):
+    """Private continual cumulative release: Algorithm 4 with Alg. 2 base models (erm.md E-6).
 
-    ``block_size`` is b0, ``base_size`` is B (a multiple of b0, §5.7). The
-    budget ε is split [CHOICE, §1.9 "Alg. 2+4 alone → ε/2 each"]: the base
+    ``block_size`` is b0, ``base_size`` is B (a multiple of b0, E-6). The
+    budget ε is split (our choice, erm.md E-6, E-9: Alg. 2 and Alg. 4 get ε/2 each): the base
     models (Alg. 2's cumulative q = 1 outputs) get ε/2 and the Alg. 4 updates
     ε/2. Releases start at t = B, one per block of b0 points:
 
     * t = 2^k·B (base): from scratch on (0, t], ``b = 4L/(λB·ε/2)``, per-call
       ε/2 · 2^{−(k+1)}; becomes f_g and f_c.
     * t = t_g + 2^j·b0 (doubling): PBERM toward f_g on (t_g, t], normalised by
-      its 2^j·b0 points (§5.6), ``b = 4L/(λ b0·ε/2)``, per-call ε/2 · 2^{−(j+1)};
+      its 2^j·b0 points (E-6), ``b = 4L/(λ b0·ε/2)``, per-call ε/2 · 2^{−(j+1)};
       becomes f_c.
     * otherwise (single): PBERM toward f_c on (t − b0, t], same b, per-call ε/2 · 1/2.
 
@@ -36,7 +40,7 @@ class ContinualERM(ERMStream):
     Lineage: a base or doubling release depends on (0, t]; a single release on
     (0, t_c] ∪ (t − b0, t] (t_c = the last base/doubling time).
 
-    State (spec §3): the small state (:meth:`to_state` with an engine's log)
+    State (design D1.3): the small state (:meth:`to_state` with an engine's log)
     is the partial block (< b0 points), at most 2 models (f_g, f_c) and the
     counters t, t_g — O(b0·d + p) numbers whatever t. The :class:`BlockLog`
     retains the whole history of blocks (inherent: the base at 2^k·B trains on
@@ -48,7 +52,7 @@ class ContinualERM(ERMStream):
 
     >>> import numpy as np
     >>> from dp_beam.mechanisms import ZeroNoise
-    >>> s = ContinualERM(epsilon=1.0, block_size=2, base_size=4, n_features=1, classes=[0, 1],
+    >>> s = ContinualERMMechanism(epsilon=1.0, block_size=2, base_size=4, n_features=1, classes=[0, 1],
     ...                  feature_bound=1.0, lam=1.0, fit_intercept=False, rng=ZeroNoise())
     >>> for r in s.extend(np.array([[1.0], [-1.0]] * 7), [1, 0] * 7):
     ...     print(r.t, r.kind, r.level, r.trained_on, r.regulariser, r.fraction)
@@ -61,13 +65,15 @@ class ContinualERM(ERMStream):
     >>> round(s.base_noise_scale(), 6), round(s.update_noise_scale(), 6)    # 4L/(λB·ε/2), 4L/(λb0·ε/2)
     (2.0, 4.0)
     >>> s.privacy_cost()
-    {'epsilon': 1.0, 'delta': 0.0, 'rho': 0.5}
+    Cost(epsilon=1.0, delta=0.0, rho=0.5)
     """
 
     name = "erm_continual"
 
-    def __init__(self, epsilon, block_size, base_size, n_features, classes, feature_bound, lam,
-                 fit_intercept=True, noise="l2_laplace", delta=None, rng=None, tol_fraction=0.5, log=None):
+    def __init__(self, epsilon: float, block_size: int, base_size: int, n_features: int,
+                 classes: Sequence, feature_bound: float, lam: float, fit_intercept: bool = True,
+                 noise: str = "l2_laplace", delta: Optional[float] = None, rng: RngLike = None,
+                 tol_fraction: float = 0.5, log: Optional[BlockLog] = None) -> None:
         super().__init__(epsilon=epsilon, block_size=block_size, n_features=n_features, classes=classes,
                          feature_bound=feature_bound, lam=lam, fit_intercept=fit_intercept, noise=noise,
                          delta=delta, rng=rng, tol_fraction=tol_fraction, log=log)
@@ -84,16 +90,16 @@ class ContinualERM(ERMStream):
     def _config(self):
         return {**super()._config(), "base_size": self.base_size}
 
-    def base_noise_scale(self):
+    def base_noise_scale(self) -> float:
         """``4L/(λB·ε/2)`` (Laplace kinds; every base)."""
         return self._base_op.call_noise(self.base_size, 0.5)["scale"]
 
-    def update_noise_scale(self):
+    def update_noise_scale(self) -> float:
         """``4L/(λ b0·ε/2)`` (Laplace kinds; every doubling and single step)."""
         return self._update_op.call_noise(self.block_size, 0.5)["scale"]
 
     @staticmethod
-    def schedule(c, base_blocks, tg):
+    def schedule(c: int, base_blocks: int, tg: Optional[int]) -> Optional[Tuple[str, int]]:
         """Kind of the release after block c: ``("base", k)``, ``("doubling", j)``,
         ``("single", 0)`` or None before the first base. ``tg`` is the last base block."""
         if c < base_blocks:

@@ -1,19 +1,23 @@
 """The block log: where an ERM stream keeps its complete blocks of raw points.
 
-Spec private_erm_and_incremental_regression.md §3 (per-key state; seed 004:
+``docs/design.md`` D1.3 (per-key state; seed 004:
 Watson et al., *Continual and Sliding Window Release for Private ERM*).
 :class:`BlockLog` is the protocol an engine implements (the Beam transforms
 back it with a ``BagState``); :class:`MemoryBlockLog` is the engine-free
 default.
 """
 
+from typing import List, Optional, Tuple
+
+import numpy as np
+
 __all__ = ["BlockLog", "MemoryBlockLog"]
 
 
 class BlockLog:
-    """Where an ERM stream keeps its complete blocks of raw points (spec §3, per-key state).
+    """Where an ERM stream keeps its complete blocks of raw points (design D1.3, per-key state).
 
-    Spec §3, notes of the per-key state table: Alg. 4 and Alg. 2 need the
+    design D1.3, notes of the per-key state table: Alg. 4 and Alg. 2 need the
     history, "store it in a durable per-key log, not in memory". The stream
     splits its state in two: the *small state* of :meth:`ERMStream.to_state`
     (the partial block, the O(log t) models, counters) that an engine rewrites
@@ -36,13 +40,13 @@ class BlockLog:
     the default.
     """
 
-    def append(self, index, block):
+    def append(self, index: int, block: Tuple[np.ndarray, np.ndarray]) -> None:
         raise NotImplementedError
 
-    def read(self, lo, hi):
+    def read(self, lo: int, hi: int) -> List[Tuple[np.ndarray, np.ndarray]]:
         raise NotImplementedError
 
-    def release_before(self, keep):
+    def release_before(self, keep: int) -> None:
         raise NotImplementedError
 
 
@@ -62,15 +66,15 @@ class MemoryBlockLog(BlockLog):
     [3]
     """
 
-    def __init__(self, blocks=None):
+    def __init__(self, blocks: Optional[dict] = None) -> None:
         self.blocks = dict(blocks or {})
 
-    def append(self, index, block):
+    def append(self, index: int, block: Tuple[np.ndarray, np.ndarray]) -> None:
         self.blocks[index] = block
 
-    def read(self, lo, hi):
+    def read(self, lo: int, hi: int) -> List[Tuple[np.ndarray, np.ndarray]]:
         return [self.blocks[b] for b in range(lo + 1, hi + 1)]
 
-    def release_before(self, keep):
+    def release_before(self, keep: int) -> None:
         for b in [b for b in self.blocks if b < keep]:
             del self.blocks[b]

@@ -1,6 +1,6 @@
 """The loss of private ERM: L2-regularisable logistic loss on clipped features.
 
-Spec private_erm_and_incremental_regression.md §1.2 and §5.5 (seed 004:
+``docs/privacy/erm.md`` E-3, E-4 and E-2 (seed 004:
 Watson et al., *Continual and Sliding Window Release for Private ERM*):
 binary or softmax logistic regression whose Lipschitz and smoothness
 constants come from the public feature bound only, which is what the
@@ -8,10 +8,12 @@ sensitivity of every release is calibrated to.
 """
 
 import math
+from typing import Sequence, Tuple, Union
 
 import numpy as np
+from numpy.typing import ArrayLike
 
-from .validation import check_int, check_real
+from ..checks import check_int, check_real
 
 __all__ = ["LogisticLoss"]
 
@@ -20,7 +22,7 @@ class LogisticLoss:
     """Logistic loss, binary (2 classes) or softmax (K ≥ 3), on clipped features.
 
     Features are clipped to ``‖x‖₂ <= feature_bound`` (contribution bounding,
-    spec §5.5); with ``fit_intercept`` a constant 1 is appended, so the
+    erm.md E-2); with ``fit_intercept`` a constant 1 is appended, so the
     augmented x̃ has ``‖x̃‖ <= R̃ = √(R_x² + 1)`` and the intercept is part of
     the regularised parameter vector (strong convexity must hold in every
     coordinate). The Lipschitz constant comes from these public bounds only:
@@ -33,7 +35,8 @@ class LogisticLoss:
     ``[w, b]`` (binary) or ``[W (K×d) row-major, b (K)]`` (softmax).
     """
 
-    def __init__(self, n_features, classes, feature_bound, fit_intercept=True):
+    def __init__(self, n_features: int, classes: Sequence, feature_bound: float,
+                 fit_intercept: bool = True) -> None:
         self.n_features = check_int("n_features", n_features, 1)
         classes = tuple(classes) if classes is not None else ()
         if len(classes) < 2:
@@ -55,7 +58,7 @@ class LogisticLoss:
         # (diag(p) − ppᵀ) ⊗ x̃x̃ᵀ with ‖diag(p) − ppᵀ‖ <= 1/2 (softmax).
         self.smoothness = self.augmented_bound**2 * (0.25 if self.binary else 0.5)
 
-    def labels(self, y):
+    def labels(self, y: ArrayLike) -> np.ndarray:
         """Class indices of the labels ``y``; ValueError naming ``y`` for an unknown label."""
         try:
             return np.array([self._index[v] for v in np.asarray(y, dtype=object).ravel()], dtype=np.int64)
@@ -63,7 +66,7 @@ class LogisticLoss:
             bad = [v for v in np.asarray(y, dtype=object).ravel() if v not in self._index]
             raise ValueError(f"y must hold labels from classes {self.classes!r}, got {bad[:3]!r}") from None
 
-    def clip(self, X):
+    def clip(self, X: ArrayLike) -> np.ndarray:
         """Rows of X scaled down to norm ``feature_bound``; ValueError naming ``X`` if not finite."""
         X = np.asarray(X, dtype=np.float64)
         if X.ndim != 2 or X.shape[1] != self.n_features:
@@ -74,12 +77,12 @@ class LogisticLoss:
         factor = np.minimum(1.0, self.feature_bound / np.maximum(norms, 1e-300))
         return X * factor[:, None]
 
-    def augment(self, X):
+    def augment(self, X: ArrayLike) -> np.ndarray:
         if self.fit_intercept:
             return np.hstack([X, np.ones((X.shape[0], 1))])
         return X
 
-    def unpack(self, theta):
+    def unpack(self, theta: ArrayLike) -> Tuple[np.ndarray, Union[float, np.ndarray]]:
         """``(weights, intercept)``: shapes ``(d,)``, scalar (binary) or ``(K, d)``, ``(K,)``."""
         theta = np.asarray(theta, dtype=np.float64)
         d = self.n_features
@@ -90,7 +93,8 @@ class LogisticLoss:
         intercept = mat[:, d].copy() if self.fit_intercept else np.zeros(K)
         return mat[:, :d].copy(), intercept
 
-    def value_grad(self, theta, Xa, yi):
+    def value_grad(self, theta: ArrayLike, Xa: ArrayLike,
+                   yi: ArrayLike) -> Tuple[float, np.ndarray]:
         """Mean loss and gradient over augmented rows ``Xa`` with class indices ``yi``."""
         n = Xa.shape[0]
         if self.binary:
@@ -109,12 +113,12 @@ class LogisticLoss:
         P[np.arange(n), yi] -= 1.0
         return value, (P.T @ Xa).ravel() / n
 
-    def decision(self, theta, X):
+    def decision(self, theta: ArrayLike, X: ArrayLike) -> np.ndarray:
         Xa = self.augment(self.clip(X))
         if self.binary:
             return Xa @ np.asarray(theta, dtype=np.float64)
         return Xa @ np.asarray(theta, dtype=np.float64).reshape(self.n_outputs, Xa.shape[1]).T
 
 
-def sigmoid(z):
+def sigmoid(z: ArrayLike) -> np.ndarray:
     return np.where(z >= 0, 1.0 / (1.0 + np.exp(-np.abs(z))), np.exp(-np.abs(z)) / (1.0 + np.exp(-np.abs(z))))

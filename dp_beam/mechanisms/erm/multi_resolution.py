@@ -1,19 +1,23 @@
 """Private multi-resolution ERM release: Algorithm 2 of seed 004.
 
-Spec private_erm_and_incremental_regression.md §1.3 (seed 004: Watson et al.,
+``docs/privacy/erm.md`` E-5 (seed 004: Watson et al.,
 *Continual and Sliding Window Release for Private ERM*): after every block,
 models trained from scratch on the aligned intervals of 2^k blocks that end
 there.
 """
 
+from typing import List, Optional, Sequence, Tuple
+
+from ..checks import check_int
+from ..noise import RngLike
+from .log import BlockLog
 from .stream import ERMStream
-from .validation import check_int
 
-__all__ = ["MultiResolutionERM"]
+__all__ = ["MultiResolutionERMMechanism"]
 
 
-class MultiResolutionERM(ERMStream):
-    """Algorithm 2, private multi-resolution release (spec §1.3).
+class MultiResolutionERMMechanism(ERMStream):
+    """Algorithm 2, private multi-resolution release (erm.md E-5).
 
     ``block_size`` is B. After the q-th block (t = q·B) it releases, for every
     scale k >= 0 with 2^k | q (and k <= ``max_scale`` if given), a model trained
@@ -23,7 +27,7 @@ class MultiResolutionERM(ERMStream):
     so each record pays Σ_k ε/2^{k+1} < ε (Thm 1; with a cap,
     ε(1 − 2^{−(max_scale+1)})). :meth:`privacy_cost` reports ε.
 
-    State (spec §3): the small state (:meth:`to_state` with an engine's log)
+    State (design D1.3): the small state (:meth:`to_state` with an engine's log)
     is the partial block (< B points) and counters — no models, each is
     released at once — so O(B·d) numbers whatever t. The :class:`BlockLog`
     retains, with ``max_scale`` = K, only the blocks of the current aligned
@@ -35,9 +39,11 @@ class MultiResolutionERM(ERMStream):
 
     name = "erm_multires"
 
-    def __init__(self, epsilon, block_size, n_features, classes, feature_bound, lam,
-                 fit_intercept=True, noise="l2_laplace", delta=None, max_scale=None, rng=None,
-                 tol_fraction=0.5, log=None):
+    def __init__(self, epsilon: float, block_size: int, n_features: int, classes: Sequence,
+                 feature_bound: float, lam: float, fit_intercept: bool = True,
+                 noise: str = "l2_laplace", delta: Optional[float] = None,
+                 max_scale: Optional[int] = None, rng: RngLike = None, tol_fraction: float = 0.5,
+                 log: Optional[BlockLog] = None) -> None:
         super().__init__(epsilon=epsilon, block_size=block_size, n_features=n_features, classes=classes,
                          feature_bound=feature_bound, lam=lam, fit_intercept=fit_intercept, noise=noise,
                          delta=delta, rng=rng, tol_fraction=tol_fraction, log=log)
@@ -47,17 +53,17 @@ class MultiResolutionERM(ERMStream):
     def _config(self):
         return {**super()._config(), "max_scale": self.max_scale}
 
-    def noise_scale(self):
+    def noise_scale(self) -> float:
         """Laplace scale ``4L/(λBε)`` shared by every scale (for Gaussian noise σ
         varies with k: see :meth:`call_noise`)."""
         return self._op.call_noise(self.block_size, 0.5)["scale"]
 
-    def call_noise(self, k):
+    def call_noise(self, k: int) -> dict:
         """Noise of the scale-k call: n = 2^k·B, fraction 2^{−(k+1)}."""
         return self._op.call_noise((1 << k) * self.block_size, 2.0 ** -(k + 1))
 
     @staticmethod
-    def schedule(q, max_scale=None):
+    def schedule(q: int, max_scale: Optional[int] = None) -> List[Tuple[int, Tuple[int, int]]]:
         """Block intervals ``(k, (lo, hi])`` released after block q (public)."""
         out, k = [], 0
         while q % (1 << k) == 0 and (max_scale is None or k <= max_scale):

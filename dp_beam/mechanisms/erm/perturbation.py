@@ -1,6 +1,6 @@
 """Output perturbation for private ERM and its noise calibration.
 
-Spec private_erm_and_incremental_regression.md §1.1–1.2, §1.4 and §4.1 (seed
+``docs/privacy/erm.md`` E-4, E-6 and E-5 to E-7 (seed
 004: Watson et al., *Continual and Sliding Window Release for Private ERM*):
 :class:`OutputPerturbation` is Algorithm 1 (PSGD, output perturbation) and
 Algorithm 3 (PBERM, regularised toward a released model); the
@@ -9,13 +9,18 @@ Algorithms 2–5 that the tests check the calibrated scales against.
 """
 
 import math
+from typing import Dict, Optional, Tuple
+
+import numpy as np
+from numpy.typing import ArrayLike
 
 from ..calibration import rho_from_eps, rho_from_eps_delta
+from ..checks import check_real
 from ..l2_laplace import l2_laplace_noise
-from ..noise import make_noise
-from ..noise_key import grid_padded_scale, round_to_grid
+from ..noise import RngLike, make_noise
+from ..noise_grid import grid_padded_scale, round_to_grid
+from .loss import LogisticLoss
 from .solver import solve_erm
-from .validation import check_real
 
 __all__ = [
     "NOISE_KINDS",
@@ -26,38 +31,40 @@ __all__ = [
     "OutputPerturbation",
 ]
 
-#: Output-perturbation noise (spec §1.1): ``"l2_laplace"`` (default, ε-DP for the
+#: Output-perturbation noise (erm.md E-4): ``"l2_laplace"`` (default, ε-DP for the
 #: L2 sensitivity), ``"coord_laplace_l1"`` (i.i.d. Laplace calibrated to the L1
 #: bound √p·Δ₂, ε-DP) and ``"gaussian"`` (ρ-zCDP, hence (ε, δ)-DP).
 NOISE_KINDS = ("l2_laplace", "coord_laplace_l1", "gaussian")
 
 
-def alg2_noise_scale(lipschitz, lam, base_size, epsilon):
-    """Alg. 2 noise scale ``b = 4L/(λBε)``, constant over scales k (spec §1.2, §4.1 item 1)."""
+def alg2_noise_scale(lipschitz: float, lam: float, base_size: int, epsilon: float) -> float:
+    """Alg. 2 noise scale ``b = 4L/(λBε)``, constant over scales k (erm.md E-3, E-4, E-5 to E-7)."""
     return 4.0 * lipschitz / (lam * base_size * epsilon)
 
 
-def alg3_noise_scale(lipschitz, lam, block_size, epsilon):
-    """Alg. 3 / Alg. 4 update noise ``b = 4L/(λ b0 ε)`` (spec §1.2, §4.1 item 2)."""
+def alg3_noise_scale(lipschitz: float, lam: float, block_size: int, epsilon: float) -> float:
+    """Alg. 3 / Alg. 4 update noise ``b = 4L/(λ b0 ε)`` (erm.md E-3, E-4, E-5 to E-7)."""
     return 4.0 * lipschitz / (lam * block_size * epsilon)
 
 
-def alg5_base_noise_scale(lipschitz, lam, base_blocks, block_size, epsilon):
-    """Alg. 5 base-model noise ``b = 6L/(λ ε P w0)`` (spec §1.2, §4.1 item 3)."""
+def alg5_base_noise_scale(lipschitz: float, lam: float, base_blocks: int, block_size: int,
+                          epsilon: float) -> float:
+    """Alg. 5 base-model noise ``b = 6L/(λ ε P w0)`` (erm.md E-3, E-4, E-5 to E-7)."""
     return 6.0 * lipschitz / (lam * epsilon * base_blocks * block_size)
 
 
-def alg5_finetune_noise_scale(lipschitz, lam, block_size, epsilon):
-    """Alg. 5 fine-tune noise ``b = 12L/(λ w0 ε)``, constant over levels (spec §1.2, §5.10)."""
+def alg5_finetune_noise_scale(lipschitz: float, lam: float, block_size: int,
+                              epsilon: float) -> float:
+    """Alg. 5 fine-tune noise ``b = 12L/(λ w0 ε)``, constant over levels (erm.md E-3, E-4, E-7)."""
     return 12.0 * lipschitz / (lam * block_size * epsilon)
 
 
 class OutputPerturbation:
-    """Algorithm 1 (PSGD output perturbation) and Algorithm 3 (PBERM), spec §1.2, §1.4.
+    """Algorithm 1 (PSGD output perturbation) and Algorithm 3 (PBERM), erm.md E-3, E-4, E-6.
 
     ``train(X, y, theta_ref, fraction)`` minimises
     ``(1/n)Σℓ + λ‖θ − θ_ref‖²`` over the n given points (normalised by the
-    actual n, the §5.6 fix) with :func:`solve_erm`, then adds noise calibrated
+    actual n, the E-6 fix) with :func:`solve_erm`, then adds noise calibrated
     so that the call costs ``fraction`` of this component's budget:
 
     * ``"l2_laplace"``: L2-Laplace with ``b = Δ₂/(fraction·ε)``, Δ₂ = 2L/(λn);
@@ -65,7 +72,7 @@ class OutputPerturbation:
       ``√(p+1)·b``.
     * ``"coord_laplace_l1"``: i.i.d. Lap(√p·Δ₂/(fraction·ε)) per coordinate;
       ‖·‖₁ <= √p‖·‖₂ makes it (fraction·ε)-DP. Std ``√2·√p·Δ₂/(fraction·ε)``.
-    * ``"gaussian"`` [CHOICE]: N(0, σ²I) with ``σ = Δ₂/√(2·fraction·ρ)``, so the
+    * ``"gaussian"`` (our addition, not in the paper): N(0, σ²I) with ``σ = Δ₂/√(2·fraction·ρ)``, so the
       call is (fraction·ρ)-zCDP; ρ = ρ(ε, δ) by the simple conversion. Fractions
       that sum to <= 1 per record then compose to ρ-zCDP, hence (ε, δ)-DP.
 
@@ -73,7 +80,9 @@ class OutputPerturbation:
     (noisy) model for PBERM: it is public, so using it is post-processing.
     """
 
-    def __init__(self, loss, lam, epsilon, noise="l2_laplace", delta=None, rng=None, tol_fraction=0.5):
+    def __init__(self, loss: LogisticLoss, lam: float, epsilon: float, noise: str = "l2_laplace",
+                 delta: Optional[float] = None, rng: RngLike = None,
+                 tol_fraction: float = 0.5) -> None:
         self.loss = loss
         self.lam = check_real("lam", lam, positive=True)
         self.epsilon = check_real("epsilon", epsilon, positive=True)
@@ -97,17 +106,17 @@ class OutputPerturbation:
             raise ValueError(f"tol_fraction must be <= 1, got {tol_fraction!r}")
         self.source = make_noise(rng)
 
-    def sensitivity(self, n):
-        """Paper-conservative L2 sensitivity ``2L/(λn)`` of the minimiser (§1.2, §5.3)."""
+    def sensitivity(self, n: int) -> float:
+        """Paper-conservative L2 sensitivity ``2L/(λn)`` of the minimiser (E-3, E-4)."""
         return 2.0 * self.loss.lipschitz / (self.lam * n)
 
-    def call_noise(self, n, fraction):
+    def call_noise(self, n: int, fraction: float) -> dict:
         """``{"kind", "scale", "std"}`` of a call on n points costing ``fraction`` of the budget.
 
         The scale is calibrated for the L2 sensitivity plus ``√p`` noise-grid
         steps: :meth:`train` rounds the minimiser to the grid of its noise
         (see there), which can move it by half a step per coordinate
-        (:func:`~dp_beam.mechanisms.noise_key.grid_padded_scale`).
+        (:func:`~dp_beam.mechanisms.noise_grid.grid_padded_scale`).
         """
         delta2 = self.sensitivity(n)
         p = self.loss.n_params
@@ -129,7 +138,7 @@ class OutputPerturbation:
             std = scale
         return {"kind": self.noise, "scale": scale, "std": std}
 
-    def draw(self, scale):
+    def draw(self, scale: float) -> np.ndarray:
         p = self.loss.n_params
         if self.noise == "l2_laplace":
             return l2_laplace_noise(self.source, scale, p)
@@ -137,7 +146,8 @@ class OutputPerturbation:
             return self.source.laplace(scale, p)
         return self.source.gaussian(scale, p)
 
-    def train(self, X, yi, theta_ref, fraction):
+    def train(self, X: ArrayLike, yi: ArrayLike, theta_ref: Optional[ArrayLike],
+              fraction: float) -> Tuple[np.ndarray, Dict[str, float]]:
         """Noisy minimiser and its noise description (``X`` clipped, ``yi`` indices)."""
         theta, _ = solve_erm(self.loss, X, yi, self.lam, theta_ref, self.tol_fraction)
         noise = self.call_noise(X.shape[0], fraction)

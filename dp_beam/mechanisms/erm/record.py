@@ -1,6 +1,6 @@
 """The released model of private ERM and what it predicts.
 
-Spec private_erm_and_incremental_regression.md §1.3–1.7 (seed 004: Watson et
+``docs/privacy/erm.md`` E-5 (seed 004: Watson et
 al., *Continual and Sliding Window Release for Private ERM*):
 :class:`ModelRelease` is one release of a stream, with the record intervals
 it was trained on and depends on and the noise and budget share of its call;
@@ -8,8 +8,10 @@ it was trained on and depends on and the noise and budget share of its call;
 """
 
 from dataclasses import dataclass, field
+from typing import Any, Dict, Mapping, Optional, Union
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 from .loss import LogisticLoss, sigmoid
 
@@ -18,7 +20,7 @@ __all__ = ["ModelRelease", "predict_proba", "predict"]
 
 @dataclass(frozen=True)
 class ModelRelease:
-    """One released model (spec §1.3–1.7). Intervals are half-open record ranges ``(a, b]``.
+    """One released model (erm.md E-5). Intervals are half-open record ranges ``(a, b]``.
 
     ``kind``/``level``: ``"scale"`` k (Alg. 2); ``"base"`` k, ``"doubling"`` j,
     ``"single"`` 0 (Alg. 4); ``"base"`` ⌊log₂P⌋, ``"right"``/``"left"`` bucket
@@ -26,7 +28,7 @@ class ModelRelease:
     ``trained_on``: the data of this training call; ``regulariser``: the
     ``trained_on`` of the model it was regularised toward (None: from scratch);
     ``depends_on``: every record the model is a function of, through its
-    regulariser chain (the lineage, §1.5 and §4.2 item 12); ``window``: the data
+    regulariser chain (the lineage, E-6, E-1); ``window``: the data
     window the release stands for. ``noise_scale``/``noise_std`` describe the
     noise of this call; ``fraction`` is the share of the component's budget the
     call costs for each of its records and ``call_epsilon``/``call_rho`` the
@@ -53,12 +55,12 @@ class ModelRelease:
     call_rho: float
 
     @property
-    def weights(self):
+    def weights(self) -> np.ndarray:
         """``(d,)`` (binary: the weight of ``classes[1]``) or ``(K, d)`` (softmax)."""
         return self._shape().unpack(self.params)[0]
 
     @property
-    def intercept(self):
+    def intercept(self) -> Union[float, np.ndarray]:
         """A float (binary) or ``(K,)``; 0 without ``fit_intercept``."""
         return self._shape().unpack(self.params)[1]
 
@@ -66,7 +68,7 @@ class ModelRelease:
         # Only the shape matters for unpacking; the bound is not used.
         return LogisticLoss(self.n_features, self.classes, 1.0, self.fit_intercept)
 
-    def to_dict(self):
+    def to_dict(self) -> Dict[str, Any]:
         out = {k: getattr(self, k) for k in self.__dataclass_fields__}
         out["params"] = [float(v) for v in self.params]
         out["trained_on"] = list(self.trained_on)
@@ -77,7 +79,7 @@ class ModelRelease:
         return out
 
     @classmethod
-    def from_dict(cls, d):
+    def from_dict(cls, d: Mapping[str, Any]) -> "ModelRelease":
         d = dict(d)
         d["params"] = np.asarray(d["params"], dtype=np.float64)
         d["trained_on"] = tuple(d["trained_on"])
@@ -88,7 +90,7 @@ class ModelRelease:
         return cls(**d)
 
 
-def predict_proba(release, X):
+def predict_proba(release: "ModelRelease", X: ArrayLike) -> np.ndarray:
     """Class probabilities of a released model on X (post-processing, free).
 
     ``release`` is anything with ``weights``, ``intercept`` and ``classes``
@@ -112,15 +114,15 @@ def predict_proba(release, X):
     return E / E.sum(axis=1, keepdims=True)
 
 
-def predict(release, X):
+def predict(release: "ModelRelease", X: ArrayLike) -> list:
     """Most probable class label for each row of X (post-processing, free)."""
     idx = np.argmax(predict_proba(release, X), axis=1)
     return [release.classes[i] for i in idx]
 
 
-def model_to_state(m):
+def model_to_state(m: Optional["ModelRelease"]) -> Optional[Dict[str, Any]]:
     return None if m is None else m.to_dict()
 
 
-def model_from_state(d):
+def model_from_state(d: Optional[Mapping[str, Any]]) -> Optional["ModelRelease"]:
     return None if d is None else ModelRelease.from_dict(d)

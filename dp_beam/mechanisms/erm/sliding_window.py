@@ -1,19 +1,30 @@
 """Private sliding-window ERM release: Algorithm 5 of seed 004 with the bucket / chain rule.
 
-Spec private_erm_and_incremental_regression.md §1.7 and §5.10 (seed 004:
+``docs/privacy/erm.md`` E-7 (seed 004:
 Watson et al., *Continual and Sliding Window Release for Private ERM*): the
 window is cut into a base and power-of-two buckets (:func:`sliding_buckets`),
 each bucket's model regularised toward its predecessor in the chain.
 """
 
+from typing import List, Optional, Sequence, Tuple
+
+from ..checks import check_int
+from ..noise import RngLike
+from .log import BlockLog
 from .record import ModelRelease
-from .stream import ERMStream
-from .validation import check_int, is_pow2
+from .stream import ERMStream, is_pow2
 
-__all__ = ["WINDOW_POLICIES", "SlidingWindowERM", "sliding_buckets"]
+__all__ = ["WINDOW_POLICIES", "SlidingWindowERMMechanism", "sliding_buckets"]
 
-#: How :class:`SlidingWindowERM` treats a window that is not (2^k − 1) blocks (§1.7).
+#: How :class:`SlidingWindowERMMechanism` treats a window that is not (2^k − 1) blocks (E-7).
 WINDOW_POLICIES = ("exact", "round_down", "general")
+
+
+#: A bucket ``(side, lo, hi, level)``: side ``"B"`` (base), ``"L"`` or ``"R"``,
+#: inclusive block indices, and the level i of a bucket of 2^i blocks (None for the base).
+Bucket = Tuple[str, int, int, Optional[int]]
+#: A bucket without its level, ``(side, lo, hi)``: the key of its model.
+BucketKey = Tuple[str, int, int]
 
 
 def _right_buckets(b_e, r):
@@ -35,8 +46,8 @@ def _left_buckets(b_s, left):
     return out
 
 
-def sliding_buckets(s, W, P):
-    """Bucket decomposition of the window ending at block s (0-based blocks), spec §1.7.
+def sliding_buckets(s: int, W: int, P: int) -> Tuple[int, int, int, List[Bucket]]:
+    """Bucket decomposition of the window ending at block s (0-based blocks), erm.md E-7.
 
     Returns ``(j, r, ℓ, buckets)`` with buckets ``(side, lo, hi, level)`` over
     inclusive block indices: the base ``("B", b_s, b_e, None)``, RIGHT(r) and
@@ -50,16 +61,16 @@ def sliding_buckets(s, W, P):
     return j, r, left, [("B", b_s, b_e, None)] + _right_buckets(b_e, r) + _left_buckets(b_s, left)
 
 
-class SlidingWindowERM(ERMStream):
-    """Private sliding-window ERM, Algorithm 5 with the bucket / chain rule of spec §1.7.
+class SlidingWindowERMMechanism(ERMStream):
+    """Private sliding-window ERM, Algorithm 5 with the bucket / chain rule of erm.md E-7.
 
     ``block_size`` is w0, ``window`` is w records, W = w/w0 blocks. Exact mode
     needs W = 2^k − 1 (base P = 2^{k−1} blocks); ``window_policy``:
     ``"exact"`` (default) rejects other W, ``"round_down"`` uses
     W′ = 2^{⌊log₂(W+1)⌋} − 1 (see :attr:`effective_window`), ``"general"``
-    uses P = ⌊(W+1)/2⌋ with the expiry-ordered chain of §1.7 (c) (exact for any
+    uses P = ⌊(W+1)/2⌋ with the expiry-ordered chain of E-7 (exact for any
     W ≥ 1 in privacy and coverage, not chain-consistent). A window that is not
-    a multiple of w0 is rounded down to one (§1.7 (a)), except in exact mode,
+    a multiple of w0 is rounded down to one (E-7), except in exact mode,
     where it is rejected.
 
     From the W-th block on (t >= w) every block yields one release. At step s
@@ -71,14 +82,14 @@ class SlidingWindowERM(ERMStream):
 
     * base: from scratch, ``b = 6L/(λ ε P w0)``, per-call ε/3;
     * a bucket of 2^i blocks: PBERM toward its chain predecessor's released
-      model, ``b = 12L/(λ w0 ε)``, per-call ε/(6·2^i) (the §5.10 fix: 12, not 6).
+      model, ``b = 12L/(λ w0 ε)``, per-call ε/(6·2^i) (the E-7 fix: 12, not 6).
 
     The release is the last model of the chain (size w0 in exact mode; the
     newest block when r is odd, the oldest when r is even). Per record:
     base ε/3, plus < ε/3 as a right bucket and < ε/3 as a left bucket, so the
     sequence is ε-DP (Thm 7; exact maxima e.g. 7/12·ε for W = 7).
 
-    State (spec §3): the small state (:meth:`to_state` with an engine's log)
+    State (design D1.3): the small state (:meth:`to_state` with an engine's log)
     is the partial block (< w0 points) and one model per bucket (k =
     log₂(W + 1) models in exact mode; at most 1 + ⌈log₂P⌉ + ⌈log₂(ℓ_max+1)⌉
     in general mode) — O(w0·d + k·p) numbers whatever t. The
@@ -89,9 +100,11 @@ class SlidingWindowERM(ERMStream):
 
     name = "erm_sliding"
 
-    def __init__(self, epsilon, block_size, window, n_features, classes, feature_bound, lam,
-                 fit_intercept=True, noise="l2_laplace", delta=None, window_policy="exact", rng=None,
-                 tol_fraction=0.5, log=None):
+    def __init__(self, epsilon: float, block_size: int, window: int, n_features: int,
+                 classes: Sequence, feature_bound: float, lam: float, fit_intercept: bool = True,
+                 noise: str = "l2_laplace", delta: Optional[float] = None,
+                 window_policy: str = "exact", rng: RngLike = None, tol_fraction: float = 0.5,
+                 log: Optional[BlockLog] = None) -> None:
         super().__init__(epsilon=epsilon, block_size=block_size, n_features=n_features, classes=classes,
                          feature_bound=feature_bound, lam=lam, fit_intercept=fit_intercept, noise=noise,
                          delta=delta, rng=rng, tol_fraction=tol_fraction, log=log)
@@ -116,17 +129,17 @@ class SlidingWindowERM(ERMStream):
         self._models = {}
 
     @property
-    def effective_window(self):
+    def effective_window(self) -> int:
         """Records in the window actually used (w rounded as the policy says); must be logged."""
         return self.W * self.block_size
 
     def _config(self):
         return {**super()._config(), "window": self.window, "window_policy": self.window_policy}
 
-    def base_noise_scale(self):
+    def base_noise_scale(self) -> float:
         return self._base_op.call_noise(self.P * self.block_size, 1.0 / 3.0)["scale"]
 
-    def finetune_noise_scale(self, level=0):
+    def finetune_noise_scale(self, level: int = 0) -> float:
         return self._base_op.call_noise((1 << level) * self.block_size, 1.0 / (6.0 * (1 << level)))["scale"]
 
     def _expiry(self, side, lo, hi, i, b_s, b_e, r):
@@ -138,7 +151,7 @@ class SlidingWindowERM(ERMStream):
         a = b_s - 1 - hi
         return b_e + min(self.left_capacity - (a + (1 << i) - 1), P)
 
-    def plan(self, s):
+    def plan(self, s: int) -> Tuple[int, List[Tuple[BucketKey, Optional[int], int]], List[BucketKey]]:
         """Public schedule at step s: ``(r, chain, new)`` with chain keys ``(side, lo, hi)``
         ordered from the base (first) to the released bucket (last). Does not train."""
         _, r, _, buckets = sliding_buckets(s, self.W, self.P)
@@ -190,7 +203,7 @@ class SlidingWindowERM(ERMStream):
         return [released]
 
     def _retain_from(self, c):
-        # Every bucket lies in its step's window (lineage closure, §1.7), and
+        # Every bucket lies in its step's window (lineage closure, E-7), and
         # the next window is blocks c − W + 2 .. c + 1.
         return c - self.W + 2
 

@@ -1,17 +1,45 @@
 """The ERM solver: the regularised minimiser to a certified tolerance.
 
-Spec private_erm_and_incremental_regression.md §1.2, §1.4 and §5.3–5.4 (seed
+``docs/privacy/erm.md`` E-3, E-4, E-6 (seed
 004: Watson et al., *Continual and Sliding Window Release for Private ERM*).
 :func:`solve_erm` never raises on data and always lands within the radius
 that the output-perturbation sensitivity ``2L/(λn)`` already covers.
+
+Why the output θ̃ of :func:`solve_erm` is always within ``r = g/(2λ)``,
+``g = tol_fraction·L/n``, of the exact minimiser θ*, whatever the data: it is
+computed deterministically, by L-BFGS from θ_ref and then gradient descent
+with step 1/β (β = ``loss.smoothness`` + 2λ bounds the Hessian), which
+stops at the first of
+
+* a certificate: ``‖∇F(θ̃)‖₂ <= g``, hence ``‖θ̃ − θ*‖ <= g/(2λ)`` by strong
+  convexity; or
+* ``K`` = :func:`_descent_steps` gradient steps, a public number. The
+  descent starts at a point θ₀ with ``F(θ₀) <= F(θ_ref)`` (the L-BFGS
+  result, or θ_ref itself if that result is worse or not finite), so
+  ``‖θ₀ − θ*‖² <= 2(F(θ_ref) − F*)/(2λ) <= ‖∇F(θ_ref)‖²/(2λ)² <= (L/(2λ))²``
+  (∇F(θ_ref) is the mean of per-record gradients, each of norm <= L).
+  Each step contracts ‖θ − θ*‖ by ``q = 1 − 2λ/β``, so after K steps
+  ``‖θ_K − θ*‖ <= q^K·L/(2λ) <= (tol_fraction/n)·L/(2λ) = r``.
+
+The second exit is a proof in exact arithmetic; it is taken only when the
+measured gradient does not certify, i.e. when L-BFGS failed and descent is
+slow (2λ/β small) or rounding keeps ``‖∇F‖`` above a very small ``g``; the
+rounding of those steps is what the room below ``2L/(λn)`` absorbs. So no
+input makes the solver raise or release a model the sensitivity does not
+cover: a non-converging solve is a fixed public amount of work (K steps of
+O(n·p)), not a crash. (Raising here would kill the pipeline on one
+stream's data: an observable, data-dependent outcome.)
 """
 
 import math
+from typing import Optional, Tuple
 
 import numpy as np
+from numpy.typing import ArrayLike
 from scipy import optimize
 
-from .validation import check_real
+from ..checks import check_real
+from .loss import LogisticLoss
 
 __all__ = ["solve_erm"]
 
@@ -31,10 +59,12 @@ def _descent_steps(loss, lam, n, tol_fraction=0.5):
     return int(math.ceil(math.log(ratio) / -math.log1p(-mu / beta)))
 
 
-def solve_erm(loss, X, y, lam, theta_ref=None, tol_fraction=0.5):
+def solve_erm(loss: LogisticLoss, X: ArrayLike, y: ArrayLike, lam: float,
+              theta_ref: Optional[ArrayLike] = None,
+              tol_fraction: float = 0.5) -> Tuple[np.ndarray, float]:
     """Minimise ``F(θ) = (1/n)Σℓ(θ; z_i) + λ‖θ − θ_ref‖²`` to a certified tolerance; never raises on data.
 
-    Spec §1.2, §1.4, §5.3–5.4. F is 2λ-strongly convex, so the exact minimiser
+    erm.md E-3, E-4, E-6. F is 2λ-strongly convex, so the exact minimiser
     moves by at most ``2L/(n·2λ) = L/(λn)`` when one of the n records is
     replaced (Chaudhuri et al. 2011); the paper's ``2L/(λn)`` is twice that.
     The output θ̃ is always within ``r = g/(2λ)`` of the exact minimiser θ*,
@@ -46,29 +76,7 @@ def solve_erm(loss, X, y, lam, theta_ref=None, tol_fraction=0.5):
     optimisation error as long as ``tol_fraction <= 1`` (0.5 leaves room for
     rounding).
 
-    Why ``‖θ̃ − θ*‖ <= r`` always holds, whatever the data: the minimiser is
-    computed deterministically, by L-BFGS from θ_ref and then gradient descent
-    with step 1/β (β = ``loss.smoothness`` + 2λ bounds the Hessian), which
-    stops at the first of
-
-    * a certificate: ``‖∇F(θ̃)‖₂ <= g``, hence ``‖θ̃ − θ*‖ <= g/(2λ)`` by strong
-      convexity; or
-    * ``K`` = :func:`_descent_steps` gradient steps, a public number. The
-      descent starts at a point θ₀ with ``F(θ₀) <= F(θ_ref)`` (the L-BFGS
-      result, or θ_ref itself if that result is worse or not finite), so
-      ``‖θ₀ − θ*‖² <= 2(F(θ_ref) − F*)/(2λ) <= ‖∇F(θ_ref)‖²/(2λ)² <= (L/(2λ))²``
-      (∇F(θ_ref) is the mean of per-record gradients, each of norm <= L).
-      Each step contracts ‖θ − θ*‖ by ``q = 1 − 2λ/β``, so after K steps
-      ``‖θ_K − θ*‖ <= q^K·L/(2λ) <= (tol_fraction/n)·L/(2λ) = r``.
-
-    The second exit is a proof in exact arithmetic; it is taken only when the
-    measured gradient does not certify, i.e. when L-BFGS failed and descent is
-    slow (2λ/β small) or rounding keeps ``‖∇F‖`` above a very small ``g``; the
-    rounding of those steps is what the room below ``2L/(λn)`` absorbs. So no
-    input makes the solver raise or release a model the sensitivity does not
-    cover: a non-converging solve is a fixed public amount of work (K steps of
-    O(n·p)), not a crash. (Raising here would kill the pipeline on one
-    stream's data: an observable, data-dependent outcome.)
+    Why ``‖θ̃ − θ*‖ <= r`` holds whatever the data: see the module docstring.
 
     X must already be clipped (:meth:`LogisticLoss.clip`); ``y`` holds class
     indices. Returns ``(θ̃, ‖∇F(θ̃)‖)``, the measured gradient norm (above
@@ -92,19 +100,31 @@ def solve_erm(loss, X, y, lam, theta_ref=None, tol_fraction=0.5):
         return value + lam * float(diff @ diff), grad + 2.0 * lam * diff
 
     # L-BFGS-B's gtol bounds the max-norm; ‖·‖₂ <= √p·‖·‖_∞ makes it imply ours.
+    theta, grad = _start_point(fun, ref, gtol / math.sqrt(loss.n_params))
+    step = 1.0 / (loss.smoothness + 2.0 * lam)
+    return _descend(fun, theta, grad, step, _descent_steps(loss, lam, n, tol_fraction), gtol)
+
+
+def _start_point(fun, ref, max_norm_gtol):
+    """``(θ₀, ∇F(θ₀))``: the L-BFGS result from θ_ref, or θ_ref itself when that result is
+    worse or not finite (the descent bound of :func:`solve_erm` needs F(θ₀) <= F(θ_ref))."""
     result = optimize.minimize(
         fun, ref.copy(), jac=True, method="L-BFGS-B",
-        options={"gtol": gtol / math.sqrt(loss.n_params), "ftol": 0.0, "maxiter": 10_000, "maxcor": 20},
+        options={"gtol": max_norm_gtol, "ftol": 0.0, "maxiter": 10_000, "maxcor": 20},
     )
     theta = np.asarray(result.x, dtype=np.float64)
     value, grad = fun(theta) if np.all(np.isfinite(theta)) else (math.inf, None)
     if not value <= fun(ref)[0]:
-        # The descent bound needs a start no worse than θ_ref.
         theta = ref.copy()
         _, grad = fun(theta)
+    return theta, grad
+
+
+def _descend(fun, theta, grad, step, steps, gtol):
+    """``(θ, ‖∇F(θ)‖)`` after gradient steps of size ``step`` until the gradient certifies
+    (``‖∇F‖ <= gtol``) or the public number ``steps`` is spent (:func:`solve_erm`)."""
     gnorm = float(np.linalg.norm(grad))
-    step = 1.0 / (loss.smoothness + 2.0 * lam)
-    for _ in range(_descent_steps(loss, lam, n, tol_fraction)):
+    for _ in range(steps):
         if gnorm <= gtol:
             break
         theta = theta - step * grad

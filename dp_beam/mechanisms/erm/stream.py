@@ -1,6 +1,6 @@
 """Machinery shared by the private-ERM streams: configuration, blocks, state.
 
-Spec private_erm_and_incremental_regression.md §0, §1.9 and §3 (seed 004:
+``docs/privacy/erm.md`` E-1, E-5 to E-7, E-9 and design D1.3 (seed 004:
 Watson et al., *Continual and Sliding Window Release for Private ERM*).
 Time is record count: a stream's ``t`` is the number of points consumed and
 intervals ``(a, b]`` are half-open record ranges. A stream buffers points
@@ -9,17 +9,26 @@ subclass which models the new block triggers, and serialises a small state
 (:meth:`ERMStream.to_state`) apart from the log.
 """
 
-import numpy as np
+from typing import Any, List, Optional, Sequence, Tuple
 
-from ..calibration import rho_from_eps, rho_from_eps_delta
-from ..noise import ZeroNoise, make_noise
-from .log import MemoryBlockLog
+import numpy as np
+from numpy.typing import ArrayLike
+
+from ...accounting.cost import Cost
+from ..calibration import rho_from_eps_delta
+from ..checks import check_int, check_real
+from ..noise import RngLike, ZeroNoise, make_noise
+from .log import BlockLog, MemoryBlockLog
 from .loss import LogisticLoss
 from .perturbation import OutputPerturbation
 from .record import ModelRelease
-from .validation import check_int, check_real
 
-__all__ = ["ERMStream"]
+__all__ = ["ERMStream", "is_pow2"]
+
+
+def is_pow2(n: int) -> bool:
+    """Whether ``n`` is a power of two (block and window counts of the bucket schedules)."""
+    return n >= 1 and n & (n - 1) == 0
 
 
 def _merge(intervals):
@@ -38,8 +47,10 @@ class ERMStream:
     name = None
     STATE_VERSION = 1
 
-    def __init__(self, *, epsilon, block_size, n_features, classes, feature_bound, lam,
-                 fit_intercept, noise, delta, rng, tol_fraction, log=None):
+    def __init__(self, *, epsilon: float, block_size: int, n_features: int, classes: Sequence,
+                 feature_bound: float, lam: float, fit_intercept: bool, noise: str,
+                 delta: Optional[float], rng: RngLike, tol_fraction: float,
+                 log: Optional[BlockLog] = None) -> None:
         if log is not None and not all(callable(getattr(log, m, None)) for m in ("append", "read", "release_before")):
             raise ValueError(f"log must be a BlockLog (append, read, release_before) or None, got {log!r}")
         self.block_size = check_int("block_size", block_size, 1)
@@ -71,7 +82,7 @@ class ERMStream:
                                   rng=self._source, tol_fraction=self.tol_fraction)
 
     @property
-    def t(self):
+    def t(self) -> int:
         """Number of points consumed in complete blocks."""
         return self._count * self.block_size
 
@@ -84,16 +95,16 @@ class ERMStream:
             "tol_fraction": self.tol_fraction,
         }
 
-    def privacy_cost(self):
-        """``{"epsilon", "delta", "rho"}`` of the whole release sequence, per record (§1.9)."""
+    def privacy_cost(self) -> Cost:
+        """The cost of the whole release sequence, per record (E-5 to E-7, E-9)."""
         if self.noise == "gaussian":
-            return {"epsilon": self.epsilon, "delta": self.delta,
-                    "rho": rho_from_eps_delta(self.epsilon, self.delta)}
-        return {"epsilon": self.epsilon, "delta": 0.0, "rho": rho_from_eps(self.epsilon)}
+            return Cost.gaussian(rho_from_eps_delta(self.epsilon, self.delta), self.delta,
+                                 epsilon=self.epsilon)
+        return Cost.laplace(self.epsilon)
 
     # -- input --------------------------------------------------------------------
 
-    def push(self, x, y):
+    def push(self, x: ArrayLike, y: Any) -> List[ModelRelease]:
         """Buffer one point; when a block completes, run :meth:`step` and return its releases."""
         x = np.asarray(x, dtype=np.float64).reshape(1, -1)
         X = self.loss.clip(x)
@@ -106,14 +117,14 @@ class ERMStream:
         self._buffer_X, self._buffer_y = [], []
         return self._consume(Xb, yb)
 
-    def extend(self, X, y):
+    def extend(self, X: ArrayLike, y: ArrayLike) -> List[ModelRelease]:
         """Push many points in order; returns all releases they complete."""
         out = []
         for xi, yi in zip(np.asarray(X, dtype=np.float64), list(y)):
             out.extend(self.push(xi, yi))
         return out
 
-    def step(self, X, y):
+    def step(self, X: ArrayLike, y: ArrayLike) -> List[ModelRelease]:
         """Consume one block of exactly ``block_size`` points; returns its releases (maybe none)."""
         if self._buffer_y:
             raise ValueError("step needs an empty point buffer; finish the block with push()")
@@ -125,12 +136,12 @@ class ERMStream:
         return self._consume(X, yi)
 
     @property
-    def trained_last_step(self):
+    def trained_last_step(self) -> List[ModelRelease]:
         """Models trained (noise drawn) by the last block, in training order.
 
         Each costs its ``fraction`` of the budget for every record of its
         ``trained_on``; a release of an older model costs nothing. Summing
-        these per record is the exact privacy accounting of §1.9.
+        these per record is the exact privacy accounting of E-5 to E-7, E-9.
         """
         return list(self._trained)
 
@@ -144,12 +155,12 @@ class ERMStream:
         return releases
 
     @property
-    def log(self):
+    def log(self) -> BlockLog:
         """The :class:`BlockLog` holding the complete blocks."""
         return self._log
 
     @property
-    def retained_blocks(self):
+    def retained_blocks(self) -> Tuple[int, int]:
         """``(first, last)``: the blocks a future training may read (empty if first > last)."""
         return self._keep, self._count
 
@@ -180,7 +191,7 @@ class ERMStream:
 
     # -- state ------------------------------------------------------------------------
 
-    def to_state(self):
+    def to_state(self) -> dict:
         """Plain dict (JSON-friendly): configuration, buffer, models, counters — and the blocks
         if the stream keeps them in memory.
 
@@ -208,7 +219,8 @@ class ERMStream:
         return state
 
     @classmethod
-    def from_state(cls, state, rng=None, log=None):
+    def from_state(cls, state: dict, rng: RngLike = None,
+                   log: Optional[BlockLog] = None) -> "ERMStream":
         """Rebuild a stream from :meth:`to_state`; ``rng`` as in the constructor.
 
         ``log``: the :class:`BlockLog` that holds the blocks of a small state
@@ -241,7 +253,7 @@ class ERMStream:
             raise ValueError(f"state is missing field {err.args[0]!r}") from None
         return obj
 
-    def state_size(self):
+    def state_size(self) -> int:
         """``(points held, models held)``: the quantities the class docstring bounds.
 
         Points are the partial block plus the retained blocks

@@ -1,4 +1,4 @@
-"""Differential privacy for growing databases (seed 000; spec ``growing_databases.md``).
+"""Differential privacy for growing databases (seed 000; ``docs/privacy/growing.md``).
 
 Engine-free mechanisms for a database that grows by one record at a time
 (time = size, neighbours replace one record): the black-box schedulers

@@ -1,23 +1,23 @@
-"""Black boxes for BBScheduler and BBImprover (spec ``growing_databases.md`` §1.1, §3; A5, A18).
+"""Black boxes for BBScheduler and BBImprover (``docs/privacy/growing.md`` G-3).
 
 Each is an ε-DP batch algorithm over a histogram of counts (the database x as
 a count vector over the N cells of the universe) with a stated (p, g)
 accuracy profile (Definition 4): with probability 1 − β its output y answers
 every query of its class within α once ``m >= g·log(1/β)/(ε·α^p)``.
 Neighbouring databases have the same size and differ in the cell of one
-record (replace-one, A15), so a count vector moves by 1 in two cells.
+record (replace-one, G-1), so a count vector moves by 1 in two cells.
 
 * :class:`LaplaceHistogram`: Laplace noise on every count (L1 sensitivity 2),
   clipped and renormalised; (p, g) = (1, 4N(1 + log N)) for all linear
   queries. Small universes.
-* :class:`SmallDB` (§3.1, BLR08 / DR14 Thm 4.5): the exact exponential
+* :class:`SmallDB` (G-3, BLR08 / DR14 Thm 4.5): the exact exponential
   mechanism over all multisets of size m = ⌈4·log k/α²⌉ (k queries);
   (p, g) = (3, 20·log N·log k). Exponential time: tiny universes only.
 * :class:`MWEMHistogram`: MWEM (Hardt, Ligett & McSherry 2012) over a finite
   class of k linear queries, the practical synthetic-histogram box for
   universes up to ~10^4 cells; (p, g) = (3, 320·log N·(1 + log(k·T_max))) with
   ``rounds="theory"``.
-* :class:`ERMBox` (§3.3–3.4): the project's output-perturbation logistic
+* :class:`ERMBox` (G-3): the project's output-perturbation logistic
   regression (:class:`~dp_beam.mechanisms.erm.OutputPerturbation`, L2-Laplace
   noise, pure ε) on the database's points; with BBImprover this is ERMG.
   (p, g) = (½, √(β_s/2)·(2L/λ)·(2d·ln 2 + 3)) for the excess regularised
@@ -37,20 +37,22 @@ from __future__ import annotations
 
 import itertools
 import math
-from typing import Any, Dict
+from typing import Any, Dict, Sequence, Union
 
 import numpy as np
+from numpy.typing import ArrayLike
 
+from ..checks import check_int, check_real
 from ..continual_mean import exponential_mechanism
 from ..erm import LogisticLoss, OutputPerturbation
-from ..noise_key import grid_padded_scale, round_to_grid
-from .common import integer, real
+from ..noise import NoiseSource
+from ..noise_grid import grid_padded_scale, round_to_grid
 from .schedulers import BlackBox
 
 __all__ = ["LaplaceHistogram", "SmallDB", "MWEMHistogram", "ERMBox", "query_matrix"]
 
 
-def query_matrix(queries, universe_size: int):
+def query_matrix(queries: ArrayLike, universe_size: int) -> Any:
     """A k×N matrix of linear queries in [0, 1] (dense array or scipy.sparse), validated."""
     try:
         import scipy.sparse as sp
@@ -95,11 +97,12 @@ class LaplaceHistogram(BlackBox):
     p = 1.0
     output_kind = "histogram"
 
-    def __init__(self, universe_size: int):
-        self.universe_size = integer("universe_size", universe_size, 1)
+    def __init__(self, universe_size: int) -> None:
+        self.universe_size = check_int("universe_size", universe_size, 1)
         self.g = 4.0 * self.universe_size * (1.0 + math.log(self.universe_size))
 
-    def run(self, counts, epsilon, alpha, beta, source):
+    def run(self, counts: np.ndarray, epsilon: float, alpha: float, beta: float,
+            source: NoiseSource) -> np.ndarray:
         scale = grid_padded_scale(2.0, lambda s: s / epsilon)
         noisy = np.maximum(_noisy(counts, scale, source), 0.0)
         total = noisy.sum()
@@ -109,14 +112,14 @@ class LaplaceHistogram(BlackBox):
 
 
 class SmallDB(BlackBox):
-    """SmallDB (spec §3.1): the exponential mechanism over all size-m multisets of cells.
+    """SmallDB (growing.md G-3): the exponential mechanism over all size-m multisets of cells.
 
     m = ⌈log k/(α/2)²⌉ = ⌈4·log k/α²⌉ (at least 1), capped by ``max_size`` and
     so that at most ``max_candidates`` multisets are scored (a cap on m costs
     accuracy, never privacy: it depends on public α only). A candidate y is
     drawn with probability ∝ exp(−ε·|x|·max_f |f(x) − f(y)|/2); |x|·err has
     sensitivity 1 under replace-one, so the run is ε-DP. (p, g) = (3, 20·log N·log k),
-    valid when log N·log k >= 1 and β <= 1/e (A18). The sampler is the
+    valid when log N·log k >= 1 and β <= 1/e (G-3). The sampler is the
     project's :func:`~dp_beam.mechanisms.continual_mean.exponential_mechanism`
     (exact softmax with keyed noise).
     """
@@ -125,14 +128,14 @@ class SmallDB(BlackBox):
     p = 3.0
     output_kind = "histogram"
 
-    def __init__(self, queries, universe_size: int, max_candidates: int = 200_000,
-                 max_size: int | None = None):
-        self.universe_size = integer("universe_size", universe_size, 1)
+    def __init__(self, queries: ArrayLike, universe_size: int, max_candidates: int = 200_000,
+                 max_size: int | None = None) -> None:
+        self.universe_size = check_int("universe_size", universe_size, 1)
         q = query_matrix(queries, self.universe_size)
         self.queries = q if isinstance(q, np.ndarray) else q.toarray()
         self.k = self.queries.shape[0]
-        self.max_candidates = integer("max_candidates", max_candidates, 1)
-        self.max_size = None if max_size is None else integer("max_size", max_size, 1)
+        self.max_candidates = check_int("max_candidates", max_candidates, 1)
+        self.max_size = None if max_size is None else check_int("max_size", max_size, 1)
         self.g = 20.0 * math.log(self.universe_size) * math.log(max(self.k, 2))
         self._candidates: Dict[int, np.ndarray] = {}
 
@@ -160,7 +163,8 @@ class SmallDB(BlackBox):
         state["_candidates"] = {}
         return state
 
-    def run(self, counts, epsilon, alpha, beta, source):
+    def run(self, counts: np.ndarray, epsilon: float, alpha: float, beta: float,
+            source: NoiseSource) -> np.ndarray:
         counts = np.asarray(counts, dtype=np.float64)
         t = counts.sum()
         m = self.size_for(alpha)
@@ -198,20 +202,20 @@ class MWEMHistogram(BlackBox):
     p = 3.0
     output_kind = "histogram"
 
-    def __init__(self, queries, universe_size: int, rounds="auto", max_rounds: int = 64,
-                 average: bool = False, sweeps: int = 3):
-        self.universe_size = integer("universe_size", universe_size, 1)
+    def __init__(self, queries: ArrayLike, universe_size: int, rounds: Union[int, str] = "auto",
+                 max_rounds: int = 64, average: bool = False, sweeps: int = 3) -> None:
+        self.universe_size = check_int("universe_size", universe_size, 1)
         self.queries = query_matrix(queries, self.universe_size)
         self.k = self.queries.shape[0]
         if not (rounds in ("auto", "theory") or (isinstance(rounds, int) and not isinstance(rounds, bool)
                                                   and rounds >= 1)):
             raise ValueError(f"rounds must be 'auto', 'theory' or an int >= 1, got {rounds!r}")
         self.rounds = rounds
-        self.max_rounds = integer("max_rounds", max_rounds, 1)
+        self.max_rounds = check_int("max_rounds", max_rounds, 1)
         if not isinstance(average, bool):
             raise ValueError(f"average must be True or False, got {average!r}")
         self.average = average
-        self.sweeps = integer("sweeps", sweeps, 1)
+        self.sweeps = check_int("sweeps", sweeps, 1)
         self.g = 320.0 * math.log(self.universe_size) * (1.0 + math.log(self.k * self.max_rounds))
 
     def rounds_for(self, t: float, epsilon: float, alpha: float, beta: float) -> int:
@@ -224,7 +228,8 @@ class MWEMHistogram(BlackBox):
         best = (math.sqrt(log_n) * epsilon * t / (12.0 * math.log(self.k / beta + 1.0))) ** (2.0 / 3.0)
         return max(1, min(self.max_rounds, int(round(best))))
 
-    def run(self, counts, epsilon, alpha, beta, source):
+    def run(self, counts: np.ndarray, epsilon: float, alpha: float, beta: float,
+            source: NoiseSource) -> np.ndarray:
         counts = np.asarray(counts, dtype=np.float64)
         n_cells = self.universe_size
         t = counts.sum()
@@ -256,7 +261,7 @@ class MWEMHistogram(BlackBox):
 
 
 class ERMBox(BlackBox):
-    """Output-perturbation logistic regression on the database's points (spec §3.3; ERMG §3.4).
+    """Output-perturbation logistic regression on the database's points (growing.md G-3; ERMG).
 
     The universe is a finite set of labelled points: cell i is
     ``(cell_features[i], cell_labels[i])``. A run minimises
@@ -274,8 +279,9 @@ class ERMBox(BlackBox):
     p = 0.5
     output_kind = "model"
 
-    def __init__(self, cell_features, cell_labels, classes, feature_bound: float, lam: float,
-                 fit_intercept: bool = True, noise: str = "l2_laplace"):
+    def __init__(self, cell_features: ArrayLike, cell_labels: ArrayLike, classes: Sequence,
+                 feature_bound: float, lam: float, fit_intercept: bool = True,
+                 noise: str = "l2_laplace") -> None:
         feats = np.asarray(cell_features, dtype=np.float64)
         if feats.ndim != 2 or feats.shape[0] < 1:
             raise ValueError(f"cell_features must be an N x d array, got shape {feats.shape}")
@@ -285,7 +291,7 @@ class ERMBox(BlackBox):
                              f"pure epsilon-DP), got {noise!r}")
         self.noise = noise
         self.loss = LogisticLoss(feats.shape[1], classes, feature_bound, fit_intercept)
-        self.lam = real("lam", lam, positive=True)
+        self.lam = check_real("lam", lam, positive=True)
         labels = list(cell_labels)
         if len(labels) != self.universe_size:
             raise ValueError(f"cell_labels must have N = {self.universe_size} entries, got {len(labels)}")
@@ -300,7 +306,8 @@ class ERMBox(BlackBox):
         counts = np.asarray(counts, dtype=np.int64)
         return np.repeat(self.features, counts, axis=0), np.repeat(self.labels, counts)
 
-    def run(self, counts, epsilon, alpha, beta, source):
+    def run(self, counts: np.ndarray, epsilon: float, alpha: float, beta: float,
+            source: NoiseSource) -> np.ndarray:
         X, yi = self._points(counts)
         if X.shape[0] == 0:
             return np.zeros(self.loss.n_params)
@@ -308,13 +315,13 @@ class ERMBox(BlackBox):
         theta, _ = op.train(X, yi, None, 1.0)
         return np.asarray(theta, dtype=np.float64)
 
-    def objective(self, theta, counts) -> float:
+    def objective(self, theta: ArrayLike, counts: ArrayLike) -> float:
         """J(θ; x) = mean loss + λ‖θ‖² on the database (NOT private: for evaluation)."""
         X, yi = self._points(counts)
         value, _ = self.loss.value_grad(np.asarray(theta), self.loss.augment(X), yi)
         return value + self.lam * float(np.dot(theta, theta))
 
-    def excess_risk(self, theta, counts) -> float:
+    def excess_risk(self, theta: ArrayLike, counts: ArrayLike) -> float:
         """J(θ) − min J on the database (NOT private: for evaluation and tests)."""
         from ..erm import solve_erm
 

@@ -1,7 +1,7 @@
 """Shared pieces of the growing-database mechanisms: validation, exact epoch arithmetic, noise.
 
-Spec ``growing_databases.md`` (seed 000, Cummings, Krehbiel, Lai and
-Tantipongpipat, "Differential Privacy for Growing Databases"), §0.1 and §1.4:
+``docs/privacy/growing.md`` (seed 000, Cummings, Krehbiel, Lai and
+Tantipongpipat, "Differential Privacy for Growing Databases"), G-1, G-2, G-4:
 
 * :func:`rho_star`: the exact inverse ρ*(ε, δ) = (√(L+ε) − √L)² of the zCDP
   conversion (Theorem 4), used by every (ε, δ) schedule;
@@ -22,14 +22,17 @@ Everything here is public arithmetic; nothing touches private data.
 from __future__ import annotations
 
 import math
-import numbers
 from decimal import ROUND_FLOOR, Context, Decimal
 from fractions import Fraction
-from typing import List
+from typing import List, Optional, Union
 
 import numpy as np
+from numpy.typing import ArrayLike
 
+from ...accounting.cost import Cost
 from ..calibration import rho_from_eps_delta
+from ..checks import check_int, check_real
+from ..noise import NoiseSource
 
 __all__ = [
     "rho_star",
@@ -42,6 +45,7 @@ __all__ = [
     "round_exact",
     "as_query",
     "GRID_BITS",
+    "growing_cost",
 ]
 
 #: A statistic of sensitivity Δ is rounded to the grid 2^(⌊log2 Δ⌋ − GRID_BITS) before it
@@ -49,41 +53,9 @@ __all__ = [
 GRID_BITS = 40
 
 
-def real(name: str, value, *, positive: bool = False, nonnegative: bool = False,
-         below: float | None = None, at_most: float | None = None) -> float:
-    """``value`` as a finite float, or ``ValueError`` naming ``name``."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise ValueError(f"{name} must be a real number, got {value!r}")
-    value = float(value)
-    if not math.isfinite(value):
-        raise ValueError(f"{name} must be finite, got {value!r}")
-    if positive and not value > 0:
-        raise ValueError(f"{name} must be > 0, got {value!r}")
-    if nonnegative and not value >= 0:
-        raise ValueError(f"{name} must be >= 0, got {value!r}")
-    if below is not None and not value < below:
-        raise ValueError(f"{name} must be < {below:g}, got {value!r}")
-    if at_most is not None and not value <= at_most:
-        raise ValueError(f"{name} must be <= {at_most:g}, got {value!r}")
-    return value
-
-
-def integer(name: str, value, minimum: int) -> int:
-    """``value`` as an int >= ``minimum``, or ``ValueError`` naming ``name``."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
-        raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
-    return int(value)
-
-
-def probability(name: str, value) -> float:
-    value = real(name, value)
-    if not 0.0 < value < 1.0:
-        raise ValueError(f"{name} must be in (0, 1), got {value!r}")
-    return value
-
-
 def rho_star(epsilon: float, delta: float) -> float:
-    """ρ*(ε, δ) = (√(L+ε) − √L)², L = log(1/δ): the largest ρ with ρ + 2√(ρL) <= ε (spec §0.1).
+    """ρ*(ε, δ) = (√(L+ε) − √L)², L = log(1/δ): the largest ρ with ρ + 2√(ρL) <= ε
+    (growing.md G-1, G-2, G-4).
 
     >>> round(rho_star(1.0, 1e-6), 10)
     0.0174689048
@@ -91,8 +63,27 @@ def rho_star(epsilon: float, delta: float) -> float:
     return rho_from_eps_delta(epsilon, delta)
 
 
+def growing_cost(epsilon: float, delta: float, square_sum: Optional[float] = None) -> Cost:
+    """The cost of a whole unbounded growing-database run (growing.md G-4, G-5, G-8).
+
+    (ε, δ)-DP with ρ*(ε, δ)-zCDP when δ > 0 (the schedules are calibrated to ρ*,
+    so ε is the caller's); otherwise pure ε-DP with ρ = Σε_i²/2 over the runs'
+    budgets ε_i, ``square_sum`` (default ε², one budget). ρ keeps the form
+    ``0.5·ε**2``, which can differ from ``0.5·ε·ε`` in the last bit, so ledgers
+    stay identical.
+
+    >>> growing_cost(1.0, 0.0)
+    Cost(epsilon=1.0, delta=0.0, rho=0.5)
+    >>> growing_cost(1.0, 1e-6) == Cost.gaussian(rho_star(1.0, 1e-6), 1e-6, epsilon=1.0)
+    True
+    """
+    if delta > 0:
+        return Cost.gaussian(rho_star(epsilon, delta), delta, epsilon=epsilon)
+    return Cost(epsilon, 0.0, 0.5 * (epsilon ** 2 if square_sum is None else square_sum))
+
+
 def exact_gamma(gamma: float) -> Fraction:
-    """γ rounded *down* to at most 12 significant digits, as an exact Fraction (spec §1.4).
+    """γ rounded *down* to at most 12 significant digits, as an exact Fraction (growing.md G-4).
 
     The rounding is data-independent and the analysis holds for every γ in
     (0, 1], so the exact epoch arithmetic can use a short rational.
@@ -100,7 +91,7 @@ def exact_gamma(gamma: float) -> Fraction:
     >>> exact_gamma(0.1), exact_gamma(0.0819179155123456)
     (Fraction(1, 10), Fraction(819179155123, 10000000000000))
     """
-    gamma = real("gamma", gamma, positive=True, at_most=1.0)
+    gamma = check_real("gamma", gamma, positive=True, at_most=1.0)
     ctx = Context(prec=12, rounding=ROUND_FLOOR)
     value = Fraction(ctx.plus(Decimal(repr(gamma))))
     if value <= 0:
@@ -124,8 +115,8 @@ class EpochTimes:
 
     _EXACT_UP_TO = 64
 
-    def __init__(self, n: int, gamma: Fraction):
-        self.n = integer("n", n, 1)
+    def __init__(self, n: int, gamma: Fraction) -> None:
+        self.n = check_int("n", n, 1)
         if not isinstance(gamma, Fraction) or not 0 < gamma <= 1:
             raise ValueError(f"gamma must be a Fraction in (0, 1], got {gamma!r}")
         self.gamma = gamma
@@ -133,7 +124,7 @@ class EpochTimes:
         self._cache: dict = {}
 
     def __call__(self, i: int) -> int:
-        i = integer("i", i, 0)
+        i = check_int("i", i, 0)
         hit = self._cache.get(i)
         if hit is not None:
             return hit
@@ -176,7 +167,7 @@ class EpochTimes:
         return lo if self(lo) <= t else 0
 
 
-def epoch_times(n: int, gamma, count: int) -> List[int]:
+def epoch_times(n: int, gamma: Union[float, Fraction], count: int) -> List[int]:
     """The first ``count`` epoch times ⌈n(1+γ)^i⌉ (γ a Fraction, or a float rounded by
     :func:`exact_gamma`).
 
@@ -217,7 +208,7 @@ def round_exact(x: float, exponent: int) -> Fraction:
     return round(Fraction(float(x)) / unit) * unit
 
 
-def grid_laplace_exact(source, scale: float, exponent: int) -> Fraction:
+def grid_laplace_exact(source: NoiseSource, scale: float, exponent: int) -> Fraction:
     """One Lap(scale) draw as a multiple of 2^exponent, as an exact Fraction.
 
     ``source.integer_noise("laplace", scale, exponent, 1)``: an exact discrete
@@ -229,7 +220,7 @@ def grid_laplace_exact(source, scale: float, exponent: int) -> Fraction:
     return Fraction(int(z)) * Fraction(2) ** int(exponent)
 
 
-def as_query(query, universe_size: int) -> np.ndarray:
+def as_query(query: ArrayLike, universe_size: int) -> np.ndarray:
     """A linear query as a float64 vector in [0, 1]^N: a vector, or a predicate on cell indices.
 
     ``ValueError`` (naming ``query``) for a wrong length, values outside [0, 1]

@@ -1,33 +1,33 @@
-"""PMWG: Private Multiplicative Weights for Growing databases (spec ``growing_databases.md`` §4).
+"""PMWG: Private Multiplicative Weights for Growing databases (``docs/privacy/growing.md`` G-8).
 
 Seed 000, Algorithm 3. A public histogram y over the N cells answers linear
 queries f ∈ [0, 1]^N on the growing database x_t (time = size t):
 
 * every arrival mixes y with the uniform distribution,
   y ← (t/(t+1))·y + 1/((t+1)N) (k arrivals at once: the closed form
-  y ← (t/(t+k))·y + (k/(t+k))/N) — public, no privacy cost (§4.1);
-* every query runs one step of NSG (§5.3) on h = |f(x_t) − f(y)| with threshold
+  y ← (t/(t+k))·y + (k/(t+k))/N) — public, no privacy cost (G-8);
+* every query runs one step of NSG (G-7) on h = |f(x_t) − f(y)| with threshold
   T: *easy* (⊥) answers f(y) exactly, from public y; *hard* (⊤) releases
   f(x_t) + Lap(m·ξ_t) and makes one multiplicative-weights step
   y_i ← y_i·exp(−η·r_i) with r = f if the answer is below f(y), else 1 − f;
 * the hard-query count is capped by H_cap(t) = ⌊b·(1 + Σ_{τ=n+1}^{t} 1/τ)⌋
-  (Corollary 16); the first hard query beyond it is a permanent ABORT (A12);
-* ξ_t = ξ_n·(n/t)^c, and the rescaled threshold noise a·ξ_t·Z (A8).
+  (Corollary 16); the first hard query beyond it is a permanent ABORT (G-8);
+* ξ_t = ξ_n·(n/t)^c, and the rescaled threshold noise a·ξ_t·Z (G-6).
 
-:class:`PMWGParams` exposes every constant (A11: T = 3α/4, α' = α/4,
+:class:`PMWGParams` exposes every constant (G-8: T = 3α/4, α' = α/4,
 η = α/4, b = log N/(η·gap − η²) = 16·log N/α², multipliers 2/4/2) and
 *recomputes* ξ_n from them, so privacy holds for any configuration: pure
 ξ_n = A1/(εn), A1 = C_n + C_e·b·(2−c)/(1−c); (ε, δ)
-ξ_n = √(A2/(2ρ*))/n, A2 = D_n + D_e·b·(1 + 1/(2(1−c))) (§4.5), each times
+ξ_n = √(A2/(2ρ*))/n, A2 = D_n + D_e·b·(1 + 1/(2(1−c))) (G-8), each times
 1 + 2^−38 for the grid rounding (:mod:`~dp_beam.mechanisms.growing.svt`).
 A smaller ξ_n given by hand is refused. The query budget
-Budget(t) = K·exp((λ/2)((t/n)^c − 1)) is an accuracy precondition only (A13):
+Budget(t) = K·exp((λ/2)((t/n)^c − 1)) is an accuracy precondition only (G-9):
 it is tracked, and enforced only on request.
 
 Query entries are rounded to multiples of 2^−20 (public; counting queries
 are unchanged) so that f(x_t) is computed exactly in integers.
 
-Adaptive rounds (A9): the rounds' costs depend on the data-dependent hard
+Adaptive rounds (G-8): the rounds' costs depend on the data-dependent hard
 times. Pure DP follows from the direct NSG argument (Theorem 29: the cost is a
 non-increasing function of the public hard times, bounded almost surely
 under the cap). For (ε, δ) the per-round ε_r are chosen adaptively with
@@ -53,12 +53,15 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field, fields
 from fractions import Fraction
-from typing import Any, Dict, NamedTuple, Optional
+from typing import Any, Dict, Mapping, NamedTuple, Optional, Union
 
 import numpy as np
+from numpy.typing import ArrayLike
 
-from ..noise import make_noise
-from .common import as_query, harmonic_tail, integer, probability, real, rho_star
+from ...accounting.cost import Cost
+from ..checks import check_int, check_probability, check_real
+from ..noise import NoiseSource, RngLike, make_noise
+from .common import as_query, growing_cost, harmonic_tail, rho_star
 from .schedulers import add_arrivals
 from .svt import NSG, GrowthNoise, nsg_coefficients
 
@@ -72,7 +75,7 @@ XI_PAD = 1.0 + 2.0 ** -38
 
 
 def mix(y: np.ndarray, t: int, k: int = 1) -> np.ndarray:
-    """Uniform mixing for k arrivals at size t: (t/(t+k))·y + (k/(t+k))/N (§4.1, batched form).
+    """Uniform mixing for k arrivals at size t: (t/(t+k))·y + (k/(t+k))/N (G-8, batched form).
 
     >>> mix(np.array([0.7, 0.1, 0.1, 0.1]), 10).round(9).tolist()
     [0.659090909, 0.113636364, 0.113636364, 0.113636364]
@@ -98,7 +101,7 @@ def project_update(y: np.ndarray, f: np.ndarray, target: float, down: bool,
                    eta_max: float = 20.0) -> np.ndarray:
     """The MW step whose η makes f(y') equal ``target`` (an I-projection along the MW path).
 
-    [EXT] ``PMWGParams(update="project")``: η is found by bisection in
+    Our extension, ``PMWGParams(update="project")``: η is found by bisection in
     [0, ``eta_max``] (f(y') is monotone in η); it depends only on the public y,
     f and the released answer, so it is post-processing like the fixed-η step.
 
@@ -125,21 +128,21 @@ def project_update(y: np.ndarray, f: np.ndarray, target: float, down: bool,
 
 
 def relative_entropy(x: np.ndarray, y: np.ndarray) -> float:
-    """RE(x‖y) = Σ x_i log(x_i/y_i) over x_i > 0 (the potential of §4.1)."""
+    """RE(x‖y) = Σ x_i log(x_i/y_i) over x_i > 0 (the potential of G-8)."""
     mask = x > 0
     return float(np.sum(x[mask] * np.log(x[mask] / y[mask])))
 
 
 @dataclass(frozen=True)
 class PMWGParams:
-    """Every public constant of PMWG, with the validator of A11 (spec §4.3, §4.7).
+    """Every public constant of PMWG, with the validator of G-8 (growing.md G-8).
 
     Required: ``epsilon``, ``alpha`` ∈ (0, 1], ``n`` (start size), ``universe_size``
     N. Optional: ``delta`` (0: pure DP), ``beta``, ``K`` (budget base), ``c`` ∈ [0, 1),
     the fractions of α for T, α' and η, the noise multipliers, ``cap_b`` (b
     by hand; default log N/(η·gap − η²)), ``xi_n`` (at least the recomputed
     value, else ``ValueError`` naming ``xi_n``) and ``update``: ``"mw"`` (the
-    spec's fixed-η step) or ``"project"`` ([EXT] the η that moves f(y) onto the
+    paper's fixed-η step) or ``"project"`` (our extension: the η that moves f(y) onto the
     released answer, :func:`project_update`; post-processing, so privacy is
     unchanged, but Theorem 19's accuracy argument does not cover it).
     """
@@ -166,17 +169,17 @@ class PMWGParams:
 
     def __post_init__(self):
         s = object.__setattr__
-        s(self, "epsilon", real("epsilon", self.epsilon, positive=True))
-        s(self, "alpha", real("alpha", self.alpha, positive=True, at_most=1.0))
-        s(self, "n", integer("n", self.n, 1))
-        s(self, "universe_size", integer("universe_size", self.universe_size, 2))
-        s(self, "delta", real("delta", self.delta, nonnegative=True, below=1.0))
-        s(self, "beta", probability("beta", self.beta))
-        s(self, "K", real("K", self.K, positive=True))
-        s(self, "c", real("c", self.c, nonnegative=True, below=1.0))
+        s(self, "epsilon", check_real("epsilon", self.epsilon, positive=True))
+        s(self, "alpha", check_real("alpha", self.alpha, positive=True, at_most=1.0))
+        s(self, "n", check_int("n", self.n, 1))
+        s(self, "universe_size", check_int("universe_size", self.universe_size, 2))
+        s(self, "delta", check_real("delta", self.delta, nonnegative=True, below=1.0))
+        s(self, "beta", check_probability("beta", self.beta))
+        s(self, "K", check_real("K", self.K, positive=True))
+        s(self, "c", check_real("c", self.c, nonnegative=True, below=1.0))
         for name in ("threshold_frac", "accuracy_frac", "eta_frac", "threshold_noise",
                      "query_noise", "numeric_noise"):
-            s(self, name, real(name, getattr(self, name), positive=True))
+            s(self, name, check_real(name, getattr(self, name), positive=True))
         if self.update not in ("mw", "project"):
             raise ValueError(f"update must be 'mw' or 'project', got {self.update!r}")
         if not self.threshold_frac > self.accuracy_frac:
@@ -189,7 +192,7 @@ class PMWGParams:
                                  f"accuracy_frac for MW progress, got eta_frac={self.eta_frac!r}")
             s(self, "b", math.log(self.universe_size) / progress)
         else:
-            s(self, "b", real("cap_b", self.cap_b, positive=True))
+            s(self, "b", check_real("cap_b", self.cap_b, positive=True))
         k = nsg_coefficients(self.threshold_noise, self.query_noise, self.numeric_noise)
         if self.delta == 0:
             s(self, "A", k["C_n"] + k["C_e"] * self.b * (2.0 - self.c) / (1.0 - self.c))
@@ -201,7 +204,7 @@ class PMWGParams:
         if self.xi_n is None:
             s(self, "xi_n", required)
         else:
-            given = real("xi_n", self.xi_n, positive=True)
+            given = check_real("xi_n", self.xi_n, positive=True)
             if given < required:
                 raise ValueError(f"xi_n must be >= {required!r} (recomputed from the constants so "
                                  f"that the whole run is private), got {given!r}")
@@ -248,18 +251,16 @@ class PMWGParams:
         return self.alpha_prime / (kappa * self.xi_n)
 
     def budget(self, t: int) -> float:
-        """Budget(t) = K·exp((λ/2)((t/n)^c − 1)): queries admissible up to t (A13, accuracy only)."""
+        """Budget(t) = K·exp((λ/2)((t/n)^c − 1)): queries admissible up to t (G-9, accuracy only)."""
         return self.K * math.exp(min(700.0, (self.lam / 2.0) * ((t / self.n) ** self.c - 1.0)))
 
     def required_n(self) -> float:
         """The start size from which λ >= log(6K/β), i.e. Theorems 14/22/24 hold: n·log(6K/β)/λ."""
         return self.n * math.log(6.0 * self.K / self.beta) / self.lam
 
-    def privacy_cost(self) -> Dict[str, float]:
-        """The whole unbounded run: ε-DP (ρ = ε²/2) or (ε, δ)-DP with ρ*-zCDP (§4.5; A9)."""
-        if self.delta > 0:
-            return {"epsilon": self.epsilon, "delta": self.delta, "rho": self.rho}
-        return {"epsilon": self.epsilon, "delta": 0.0, "rho": 0.5 * self.epsilon ** 2}
+    def privacy_cost(self) -> Cost:
+        """The whole unbounded run: ε-DP (ρ = ε²/2) or (ε, δ)-DP with ρ*-zCDP (G-8)."""
+        return growing_cost(self.epsilon, self.delta)
 
     def worst_case_cost(self, t_max: int) -> Dict[str, float]:
         """The NSG ledger with every allowed hard query as early as possible, through t_max.
@@ -296,19 +297,19 @@ class PMWGAnswer(NamedTuple):
 
 
 class PMWG:
-    """Algorithm 3 (spec §4.4): the public histogram, NSG's easy/hard test and MW updates.
+    """Algorithm 3 (growing.md G-8): the public histogram, NSG's easy/hard test and MW updates.
 
     ``extend(arrivals)``/``arrive(cell)`` add records (PRIVATE counts) and mix
     y; ``query(f)`` answers a linear query (a vector in [0, 1]^N or a predicate
     on cell indices) on the current database; ``histogram`` is the public y.
     Before the size reaches n every query is ``refused``. ``enforce_budget``
-    refuses queries beyond Budget(t) (free: the counts are public, A13).
+    refuses queries beyond Budget(t) (free: the counts are public, G-9).
     """
 
     name = "pmwg"
 
-    def __init__(self, params: PMWGParams, rng=None, enforce_budget: bool = False,
-                 clip: bool = False):
+    def __init__(self, params: PMWGParams, rng: RngLike = None, enforce_budget: bool = False,
+                 clip: bool = False) -> None:
         if not isinstance(params, PMWGParams):
             raise ValueError(f"params must be a PMWGParams, got {type(params).__name__}")
         for name, value in (("enforce_budget", enforce_budget), ("clip", clip)):
@@ -346,10 +347,10 @@ class PMWG:
         """The public histogram y (a copy): releasing it is free post-processing."""
         return self.y.copy()
 
-    def arrive(self, cell) -> None:
+    def arrive(self, cell: int) -> None:
         self.extend(cell)
 
-    def extend(self, arrivals) -> int:
+    def extend(self, arrivals: Union[int, Mapping[int, int], ArrayLike]) -> int:
         """Adds arrivals and mixes y in closed form; returns the new size."""
         before = self.t
         self.t += add_arrivals(self.counts, arrivals)
@@ -359,12 +360,12 @@ class PMWG:
             self.y = mix(self.y, start, self.t - start)
         return self.t
 
-    def quantise(self, query) -> np.ndarray:
+    def quantise(self, query: ArrayLike) -> np.ndarray:
         """The query as integers F with f = F·2^−20 (public rounding of the entries)."""
         f = as_query(query, self.params.universe_size)
         return np.rint(f * (1 << QUERY_BITS)).astype(np.int64)
 
-    def query(self, query) -> PMWGAnswer:
+    def query(self, query: ArrayLike) -> PMWGAnswer:
         prm = self.params
         t = self.t
         cap = prm.h_cap(t) if t >= prm.n else 0
@@ -397,7 +398,7 @@ class PMWG:
         """Public std √2·m·ξ_t of a hard answer at size t."""
         return self._nsg.noise_std(t)
 
-    def privacy_cost(self) -> Dict[str, float]:
+    def privacy_cost(self) -> Cost:
         return self.params.privacy_cost()
 
     def spent(self) -> Dict[str, float]:
@@ -405,7 +406,7 @@ class PMWG:
         return {"epsilon": self._nsg.spent(), "square": self._nsg.spent_square()}
 
     @property
-    def source(self):
+    def source(self) -> NoiseSource:
         return self._nsg.source
 
     def to_state(self) -> Dict[str, Any]:
@@ -417,7 +418,7 @@ class PMWG:
                 "queries": self.queries, "nsg": self._nsg.to_state()}
 
     @classmethod
-    def from_state(cls, state: Dict[str, Any], rng=None) -> "PMWG":
+    def from_state(cls, state: Dict[str, Any], rng: RngLike = None) -> "PMWG":
         self = cls(PMWGParams(**state["params"]), rng=rng, enforce_budget=state["enforce_budget"],
                    clip=state["clip"])
         self.counts = np.asarray(state["counts"], dtype=np.int64)

@@ -1,24 +1,25 @@
 """BBScheduler and BBImprover: static ε-DP black boxes re-run on a growing database.
 
-Spec ``growing_databases.md`` §1 (BBScheduler, Algorithm 1) and §2
+``docs/privacy/growing.md`` G-3, G-4 (BBScheduler, Algorithm 1) and G-5
 (BBImprover, Algorithm 2), seed 000 (Cummings et al., "Differential Privacy
-for Growing Databases"). Time is the database size t (§0.1): the database
+for Growing Databases"). Time is the database size t (G-1, G-2, G-4): the database
 x_t holds t records, x_{t+1} is x_t plus one record, and the sizes are public
-(neighbouring streams *replace* the content of one record, A15).
+(neighbouring streams *replace* the content of one record, G-1).
 
 * :class:`BlackBox` is Definition 4: an ε-DP batch algorithm M(x, ε, α, β)
   that is α-accurate with probability 1 − β whenever
   ``|x| >= g·log(1/β)/(ε·α^p)``; concrete boxes live in
   :mod:`dp_beam.mechanisms.growing.boxes`.
 * :class:`BBScheduler` runs the box once per epoch [t_i, t_{i+1}),
-  t_i = ⌈n(1+γ)^i⌉ (exact, §1.4), with the [DERIVED] schedules of §1.3:
+  t_i = ⌈n(1+γ)^i⌉ (exact, G-4), with the schedules of G-4 (derived by us
+  with the paper's sums: its own were lost):
   pure DP ε_i = ε(1 − (1+γ)^{−1/2})(1+γ)^{−i/2} (Σ = ε), or (ε, δ) with
   ε_i = c√γ(1+γ)^{−(i+1)/2}, c = √(2ρ*) (Σε_i² = 2ρ*, Theorem 4), and
-  β_i = β/2^{i+1}. Empty epochs (ceiling collisions) are skipped (A4).
+  β_i = β/2^{i+1}. Empty epochs (ceiling collisions) are skipped (G-4).
 * :class:`BBImprover` runs it after every arrival with
-  ε_t = √(2ρ*/Z)·t^{−(1+η)/2}, β_t = βn/(t(t+1)) (§2.2).
+  ε_t = √(2ρ*/Z)·t^{−(1+η)/2}, β_t = βn/(t(t+1)) (G-5).
 
-Batched arrivals (a Beam step hands over many records at once, A14): runs
+Batched arrivals (a Beam step hands over many records at once, G-1): runs
 that would happen *inside* a batch are never observed, since queries come
 after the batch. They are skipped, and with ``pool=True`` (default) the one
 run at the end of the batch spends their budget: Σε (pure) or √Σε² (zCDP) of
@@ -26,7 +27,7 @@ the skipped runs, and Σβ of their failure probabilities. Which runs are
 pooled depends only on the public sizes, and the pooled total never exceeds
 the schedule's, so :meth:`privacy_cost` holds for any batching. With one
 record per call (:meth:`arrive`) nothing is pooled and the calls are exactly
-the spec's.
+those of the schedule.
 
 >>> import numpy as np
 >>> from dp_beam.mechanisms import ZeroNoise
@@ -46,19 +47,22 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field, fields
 from fractions import Fraction
-from typing import Any, Dict, Optional
+from typing import Any, Dict, Mapping, Optional, Tuple, Union
 
 import numpy as np
+from numpy.typing import ArrayLike
 
-from ..noise import make_noise
-from .common import (EpochTimes, exact_gamma, integer, probability, real, rho_star)
+from ...accounting.cost import Cost
+from ..checks import check_int, check_probability, check_real
+from ..noise import NoiseSource, RngLike, make_noise
+from .common import EpochTimes, exact_gamma, growing_cost, rho_star
 
 __all__ = ["BlackBox", "Run", "BBSchedulerParams", "BBScheduler", "BBImproverParams",
            "BBImprover", "add_arrivals"]
 
 
 class BlackBox:
-    """Definition 4 (spec §1.1): an ε-DP batch algorithm with a (p, g) accuracy profile.
+    """Definition 4 (growing.md G-3): an ε-DP batch algorithm with a (p, g) accuracy profile.
 
     Subclasses set ``name``, ``p``, ``g``, ``universe_size`` and ``output_kind``
     (``"histogram"``: a distribution over the N cells; ``"model"``: a
@@ -75,10 +79,11 @@ class BlackBox:
     universe_size: int = 1
     output_kind = "histogram"
 
-    def run(self, counts: np.ndarray, epsilon: float, alpha: float, beta: float, source) -> Any:
+    def run(self, counts: np.ndarray, epsilon: float, alpha: float, beta: float,
+            source: NoiseSource) -> Any:
         raise NotImplementedError
 
-    def answer(self, output, query) -> float:
+    def answer(self, output: Any, query: ArrayLike) -> float:
         """f(y) for a linear query f ∈ [0, 1]^N: post-processing of the output."""
         if self.output_kind != "histogram":
             raise ValueError(f"{self.name} releases a {self.output_kind}, not a histogram: "
@@ -90,7 +95,7 @@ class BlackBox:
         return self.g * math.log(1.0 / beta) / (epsilon * alpha ** self.p)
 
     def accuracy(self, m: float, epsilon: float, beta: float) -> float:
-        """α_M(m, ε, β) = (g·log(1/β)/(ε·m))^{1/p} (the inverse form of §1.1)."""
+        """α_M(m, ε, β) = (g·log(1/β)/(ε·m))^{1/p} (the inverse form of G-3)."""
         return (self.g * math.log(1.0 / beta) / (epsilon * m)) ** (1.0 / self.p)
 
     def describe(self) -> Dict[str, Any]:
@@ -113,21 +118,21 @@ class Run:
     pooled: int = 1
 
 
-def add_arrivals(counts: np.ndarray, arrivals) -> int:
+def add_arrivals(counts: np.ndarray, arrivals: Union[int, Mapping[int, int], ArrayLike]) -> int:
     """Adds arrivals to ``counts`` in place and returns how many: a cell index, a ``{cell: k}``
     mapping, or a length-N count vector (non-negative ints)."""
     n_cells = counts.shape[0]
     if isinstance(arrivals, dict):
         added = 0
         for cell, k in arrivals.items():
-            cell, k = integer("cell", cell, 0), integer("count", k, 0)
+            cell, k = check_int("cell", cell, 0), check_int("count", k, 0)
             if cell >= n_cells:
                 raise ValueError(f"cell must be < N = {n_cells}, got {cell}")
             counts[cell] += k
             added += k
         return added
     if np.ndim(arrivals) == 0:
-        cell = integer("cell", arrivals, 0)
+        cell = check_int("cell", arrivals, 0)
         if cell >= n_cells:
             raise ValueError(f"cell must be < N = {n_cells}, got {cell}")
         counts[cell] += 1
@@ -146,15 +151,15 @@ def _dataclass_state(obj):
 
 @dataclass(frozen=True)
 class BBSchedulerParams:
-    """The public schedule of BBScheduler (spec §1.3; A1–A5).
+    """The public schedule of BBScheduler (growing.md G-4, G-3).
 
-    ``gamma=None`` uses the [DERIVED] γ = min(1, X0^{1/(p+2)}) (pure) or
-    min(1, X0^{2/(2p+3)}) ((ε, δ)); any γ in (0, 1] may be given (A2: privacy
+    ``gamma=None`` uses the γ we derived, γ = min(1, X0^{1/(p+2)}) (pure) or
+    min(1, X0^{2/(2p+3)}) ((ε, δ)); any γ in (0, 1] may be given (G-4: privacy
     does not depend on it). γ is rounded down to 12 significant digits
     (:attr:`gamma`, exact as :attr:`gamma_exact`); :attr:`gamma_formula` is
     the unrounded value. ``schedule="alt_a"`` (pure DP only) is ALT-A,
     ε_i = εγ(1+γ)^{−(i+1)}, private but with accuracy degrading like
-    (log(t/n)/γ)^{1/p} (A1).
+    (log(t/n)/γ)^{1/p} (G-4).
 
     >>> prm = BBSchedulerParams(epsilon=1.0, n=1000, p=3, g=1.0, gamma=0.1)
     >>> [round(prm.eps_i(i), 10) for i in range(2)], prm.epoch_time(2)
@@ -173,12 +178,12 @@ class BBSchedulerParams:
 
     def __post_init__(self):
         set_ = object.__setattr__
-        set_(self, "epsilon", real("epsilon", self.epsilon, positive=True))
-        set_(self, "n", integer("n", self.n, 1))
-        set_(self, "p", real("p", self.p, positive=True))
-        set_(self, "g", real("g", self.g, positive=True))
-        set_(self, "delta", real("delta", self.delta, nonnegative=True, below=1.0))
-        set_(self, "beta", probability("beta", self.beta))
+        set_(self, "epsilon", check_real("epsilon", self.epsilon, positive=True))
+        set_(self, "n", check_int("n", self.n, 1))
+        set_(self, "p", check_real("p", self.p, positive=True))
+        set_(self, "g", check_real("g", self.g, positive=True))
+        set_(self, "delta", check_real("delta", self.delta, nonnegative=True, below=1.0))
+        set_(self, "beta", check_probability("beta", self.beta))
         if self.schedule not in ("sqrt", "alt_a"):
             raise ValueError(f"schedule must be 'sqrt' or 'alt_a', got {self.schedule!r}")
         if self.schedule == "alt_a" and self.delta > 0:
@@ -186,7 +191,7 @@ class BBSchedulerParams:
         x0 = self.g * math.log(2.0 / self.beta) / (self.scale * self.n)
         exponent = 1.0 / (self.p + 2.0) if self.delta == 0 else 2.0 / (2.0 * self.p + 3.0)
         set_(self, "gamma_formula", min(1.0, x0 ** exponent))
-        chosen = self.gamma_formula if self.gamma is None else real(
+        chosen = self.gamma_formula if self.gamma is None else check_real(
             "gamma", self.gamma, positive=True, at_most=1.0)
         set_(self, "gamma_exact", exact_gamma(chosen))
         set_(self, "gamma", float(self.gamma_exact))
@@ -215,7 +220,7 @@ class BBSchedulerParams:
         return _epochs(self)(i)
 
     def alpha_i(self, i: int) -> float:
-        """α_i = (g·log(1/β_i)/(ε_i·t_i))^{1/p}, the accuracy asked of the run of epoch i (A5)."""
+        """α_i = (g·log(1/β_i)/(ε_i·t_i))^{1/p}, the accuracy asked of the run of epoch i (G-3)."""
         return (self.g * math.log(1.0 / self.beta_i(i)) / (self.eps_i(i) * self.epoch_time(i))) \
             ** (1.0 / self.p)
 
@@ -224,18 +229,17 @@ class BBSchedulerParams:
         k = 13.3 if self.delta == 0 else 5.5
         return (1.0 + k ** (1.0 / self.p)) * self.gamma
 
-    def privacy_cost(self) -> Dict[str, float]:
+    def privacy_cost(self) -> Cost:
         """Cost of the whole unbounded run: ε-DP (δ = 0; ρ = Σε_i²/2) or (ε, δ)-DP with ρ*-zCDP."""
         g = self.gamma
         if self.delta > 0:
-            return {"epsilon": self.epsilon, "delta": self.delta,
-                    "rho": rho_star(self.epsilon, self.delta)}
+            return growing_cost(self.epsilon, self.delta)
         if self.schedule == "alt_a":
             square_sum = self.epsilon ** 2 * g / (2.0 + g)
         else:
             a = (1.0 + g) ** -0.5
             square_sum = self.epsilon ** 2 * (1.0 - a) ** 2 / (1.0 - a * a)
-        return {"epsilon": self.epsilon, "delta": 0.0, "rho": 0.5 * square_sum}
+        return growing_cost(self.epsilon, 0.0, square_sum)
 
 
 _EPOCH_CACHE: Dict[tuple, EpochTimes] = {}
@@ -271,7 +275,7 @@ class _Growing:
         self.spent = {"epsilon": 0.0, "square": 0.0, "beta": 0.0}
 
     def answer(self, query) -> Optional[float]:
-        """f(y) from the latest run (``None`` before the first): free post-processing (§1.4)."""
+        """f(y) from the latest run (``None`` before the first): free post-processing (G-4)."""
         if self.latest is None:
             return None
         return self.box.answer(self.latest.output, query)
@@ -323,7 +327,7 @@ class _Growing:
 
 
 class BBScheduler(_Growing):
-    """Algorithm 1 (spec §1.4): one black-box run per non-empty epoch; queries answered from it.
+    """Algorithm 1 (growing.md G-4): one black-box run per non-empty epoch; queries answered from it.
 
     ``extend``/``arrive`` add records; when the size reaches the next epoch
     boundary t_i the box runs on the current database with (ε_i, β_i, α_i)
@@ -336,7 +340,7 @@ class BBScheduler(_Growing):
 
     def __init__(self, black_box: BlackBox, *, epsilon: float, n: int, delta: float = 0.0,
                  beta: float = 0.05, gamma: Optional[float] = None, schedule: str = "sqrt",
-                 pool: bool = True, rng=None):
+                 pool: bool = True, rng: RngLike = None) -> None:
         super().__init__(black_box, rng, pool)
         self.params = BBSchedulerParams(epsilon=epsilon, n=n, p=black_box.p, g=black_box.g,
                                         delta=delta, beta=beta, gamma=gamma, schedule=schedule)
@@ -347,7 +351,7 @@ class BBScheduler(_Growing):
         crossed = []
         while self.t >= prm.epoch_time(self.next_epoch):
             i = self.next_epoch
-            if prm.epoch_time(i + 1) > prm.epoch_time(i):  # empty epochs are skipped (A4)
+            if prm.epoch_time(i + 1) > prm.epoch_time(i):  # empty epochs are skipped (G-4)
                 crossed.append(i)
             self.next_epoch += 1
         if not crossed:
@@ -361,7 +365,7 @@ class BBScheduler(_Growing):
             eps, beta = prm.eps_i(i), prm.beta_i(i)
         return self._run(i, prm.epoch_time(i), eps, beta, len(crossed) if self.pool else 1)
 
-    def privacy_cost(self) -> Dict[str, float]:
+    def privacy_cost(self) -> Cost:
         return self.params.privacy_cost()
 
     def to_state(self) -> Dict[str, Any]:
@@ -374,7 +378,8 @@ class BBScheduler(_Growing):
         return state
 
     @classmethod
-    def from_state(cls, state, black_box: BlackBox, rng=None) -> "BBScheduler":
+    def from_state(cls, state: Dict[str, Any], black_box: BlackBox,
+                   rng: RngLike = None) -> "BBScheduler":
         prm = dict(state["params"])
         prm["gamma"] = float(prm["gamma"])
         prm.pop("p"), prm.pop("g")
@@ -386,7 +391,7 @@ class BBScheduler(_Growing):
 
 @dataclass(frozen=True)
 class BBImproverParams:
-    """The public schedule of BBImprover (spec §2.2; A6).
+    """The public schedule of BBImprover (growing.md G-5).
 
     ``normaliser="bound"`` uses Z = n^{−(1+η)} + n^{−η}/η; ``"zeta"`` the exact
     Hurwitz zeta ζ(1+η, n) (tighter, still Σε_t² <= 2ρ*).
@@ -406,13 +411,13 @@ class BBImproverParams:
 
     def __post_init__(self):
         set_ = object.__setattr__
-        set_(self, "epsilon", real("epsilon", self.epsilon, positive=True))
-        set_(self, "delta", real("delta", self.delta, positive=True, below=math.exp(-1.0)))
-        set_(self, "n", integer("n", self.n, 1))
-        set_(self, "p", real("p", self.p, positive=True))
-        set_(self, "g", real("g", self.g, positive=True))
-        set_(self, "beta", probability("beta", self.beta))
-        set_(self, "eta", real("eta", self.eta, positive=True, at_most=1.0))
+        set_(self, "epsilon", check_real("epsilon", self.epsilon, positive=True))
+        set_(self, "delta", check_real("delta", self.delta, positive=True, below=math.exp(-1.0)))
+        set_(self, "n", check_int("n", self.n, 1))
+        set_(self, "p", check_real("p", self.p, positive=True))
+        set_(self, "g", check_real("g", self.g, positive=True))
+        set_(self, "beta", check_probability("beta", self.beta))
+        set_(self, "eta", check_real("eta", self.eta, positive=True, at_most=1.0))
         if self.normaliser not in ("bound", "zeta"):
             raise ValueError(f"normaliser must be 'bound' or 'zeta', got {self.normaliser!r}")
 
@@ -438,7 +443,7 @@ class BBImproverParams:
     def alpha_t(self, t: int) -> float:
         return (self.g * math.log(1.0 / self.beta_t(t)) / (self.eps_t(t) * t)) ** (1.0 / self.p)
 
-    def pooled(self, t0: int, t1: int):
+    def pooled(self, t0: int, t1: int) -> Tuple[float, float]:
         """(ε, β) of one run at t1 that spends the budget of the runs at sizes max(t0+1, n)..t1:
         ε = √Σε_τ² (zCDP adds), β = Σβ_τ (telescoping)."""
         lo = max(t0 + 1, self.n)
@@ -461,13 +466,13 @@ class BBImproverParams:
         den = self.epsilon * math.sqrt(self.eta) * self.n ** (self.eta / 2.0) * t ** ((1.0 - self.eta) / 2.0)
         return (num / den) ** (1.0 / self.p)
 
-    def privacy_cost(self) -> Dict[str, float]:
+    def privacy_cost(self) -> Cost:
         """(ε, δ)-DP and ρ*-zCDP for the whole unbounded run (Σε_t² <= 2ρ*, Theorem 4)."""
-        return {"epsilon": self.epsilon, "delta": self.delta, "rho": self.rho}
+        return growing_cost(self.epsilon, self.delta)
 
 
 class BBImprover(_Growing):
-    """Algorithm 2 (spec §2.3): a fresh black-box run after every arrival, with shrinking ε_t.
+    """Algorithm 2 (growing.md G-5): a fresh black-box run after every arrival, with shrinking ε_t.
 
     Needs 0 < δ < 1/e. Runs at every size t >= n (the first at t = n); a batch
     of arrivals makes one run at its end (pooled, see the module docstring).
@@ -477,7 +482,7 @@ class BBImprover(_Growing):
 
     def __init__(self, black_box: BlackBox, *, epsilon: float, delta: float, n: int,
                  beta: float = 0.05, eta: float = 0.1, normaliser: str = "bound",
-                 pool: bool = True, rng=None):
+                 pool: bool = True, rng: RngLike = None) -> None:
         super().__init__(black_box, rng, pool)
         self.params = BBImproverParams(epsilon=epsilon, delta=delta, n=n, p=black_box.p,
                                        g=black_box.g, beta=beta, eta=eta, normaliser=normaliser)
@@ -493,7 +498,7 @@ class BBImprover(_Growing):
             eps, beta, pooled = prm.eps_t(self.t), prm.beta_t(self.t), 1
         return self._run(self.t, self.t, eps, beta, pooled)
 
-    def privacy_cost(self) -> Dict[str, float]:
+    def privacy_cost(self) -> Cost:
         return self.params.privacy_cost()
 
     def to_state(self) -> Dict[str, Any]:
@@ -503,7 +508,8 @@ class BBImprover(_Growing):
         return state
 
     @classmethod
-    def from_state(cls, state, black_box: BlackBox, rng=None) -> "BBImprover":
+    def from_state(cls, state: Dict[str, Any], black_box: BlackBox,
+                   rng: RngLike = None) -> "BBImprover":
         prm = dict(state["params"])
         prm.pop("p"), prm.pop("g")
         self = cls(black_box, rng=rng, pool=state["pool"], **prm)

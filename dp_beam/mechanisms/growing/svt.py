@@ -1,19 +1,19 @@
-"""The growing sparse-vector family: ATG, NATG, NSG and LaplaceG (spec ``growing_databases.md`` §5).
+"""The growing sparse-vector family: ATG, NATG, NSG and LaplaceG (``docs/privacy/growing.md`` G-6, G-7, G-10).
 
 Seed 000, Appendix C. Queries arrive while the database grows; at size t a
 query has sensitivity Δ_t (1/t for a linear query on the normalised
 histogram) and is compared with noise scaled by a decaying noise function
-ξ_t (:class:`GrowthNoise`, ξ_t = ξ_n·(n/t)^c). The hypotheses of §5 hold for
+ξ_t (:class:`GrowthNoise`, ξ_t = ξ_n·(n/t)^c). The hypotheses of G-6, G-7, G-10 hold for
 c ∈ [0, 1]: ξ_t is non-increasing and φ(t) = Δ_t/ξ_t is non-increasing.
 
-**The threshold noise is rescaled (A8, [DEVIATION], privacy-critical).** A
+**The threshold noise is rescaled (G-6, [DEVIATION], privacy-critical).** A
 round draws one Z ~ Lap(1) at its first query (time s) and compares each query
 at time t with T + a·ξ_t·Z; the literal paper's single Lap(2ξ_s) threshold is
-unsafe when ξ_t decays (spec §5.1) and is not offered. The rescaled rule is
+unsafe when ξ_t decays (growing.md G-6) and is not offered. The rescaled rule is
 standard AboveThreshold on the normalised queries (q − T)/ξ_t, whose
 sensitivity is at most φ(s).
 
-Noise multipliers (defaults of the spec): threshold a = 2, query b = 4,
+Noise multipliers (defaults, growing.md G-6, G-7): threshold a = 2, query b = 4,
 numeric m = 2. The costs (Theorems 25, 27, 29, in units of φ):
 
 * ATG round halting at e: (1/a + 1/b)·φ(s) + (1/b)·φ(e)  (= ¾φ(s) + ¼φ(e));
@@ -42,8 +42,10 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import Callable, Dict, Iterable, NamedTuple, Optional
 
-from ..noise import make_noise
-from .common import fine_grid_exponent, grid_laplace_exact, integer, real, rho_star
+from ...accounting.cost import Cost
+from ..checks import check_int, check_real
+from ..noise import NoiseSource, RngLike, make_noise
+from .common import fine_grid_exponent, grid_laplace_exact, growing_cost, rho_star
 
 __all__ = ["GrowthNoise", "SVTAnswer", "ATG", "NATG", "NSG", "LaplaceG", "nsg_privacy_cost",
            "nsg_coefficients", "Z_EXPONENT"]
@@ -54,7 +56,7 @@ Z_EXPONENT = -100
 
 @dataclass(frozen=True)
 class GrowthNoise:
-    """ξ_t = ξ_n·(n/t)^c and Δ_t = sensitivity/t, φ(t) = Δ_t/ξ_t (spec §5, §4.3).
+    """ξ_t = ξ_n·(n/t)^c and Δ_t = sensitivity/t, φ(t) = Δ_t/ξ_t (growing.md G-6, G-7, G-10, G-8).
 
     >>> noise = GrowthNoise(xi_n=0.8, n=1000)
     >>> noise.xi(4000), round(noise.phi(1000), 6), noise.phi(4000) < noise.phi(1000)
@@ -66,10 +68,10 @@ class GrowthNoise:
     sensitivity: float = 1.0
 
     def __post_init__(self):
-        object.__setattr__(self, "xi_n", real("xi_n", self.xi_n, positive=True))
-        object.__setattr__(self, "n", integer("n", self.n, 1))
-        object.__setattr__(self, "c", real("c", self.c, nonnegative=True, at_most=1.0))
-        object.__setattr__(self, "sensitivity", real("sensitivity", self.sensitivity, positive=True))
+        object.__setattr__(self, "xi_n", check_real("xi_n", self.xi_n, positive=True))
+        object.__setattr__(self, "n", check_int("n", self.n, 1))
+        object.__setattr__(self, "c", check_real("c", self.c, nonnegative=True, at_most=1.0))
+        object.__setattr__(self, "sensitivity", check_real("sensitivity", self.sensitivity, positive=True))
 
     def xi(self, t: int) -> float:
         if t < self.n:
@@ -83,7 +85,8 @@ class GrowthNoise:
         return self.delta(t) / self.xi(t)
 
 
-def nsg_coefficients(threshold_noise=2.0, query_noise=4.0, numeric_noise=2.0) -> Dict[str, float]:
+def nsg_coefficients(threshold_noise: float = 2.0, query_noise: float = 4.0,
+                     numeric_noise: float = 2.0) -> Dict[str, float]:
     """The NSG cost coefficients: pure (C_n, C_e) and square-sum (D_n, D_e) (module docstring).
 
     >>> nsg_coefficients()
@@ -96,8 +99,8 @@ def nsg_coefficients(threshold_noise=2.0, query_noise=4.0, numeric_noise=2.0) ->
             "D_n": round_bound ** 2, "D_e": round_bound ** 2 + 1.0 / m ** 2}
 
 
-def nsg_privacy_cost(hard_times: Iterable[int], noise: GrowthNoise, threshold_noise=2.0,
-                     query_noise=4.0, numeric_noise=2.0) -> float:
+def nsg_privacy_cost(hard_times: Iterable[int], noise: GrowthNoise, threshold_noise: float = 2.0,
+                     query_noise: float = 4.0, numeric_noise: float = 2.0) -> float:
     """ε of an NSG transcript with hard queries at ``hard_times``: C_n·φ(n) + C_e·Σφ(e_i) (Thm 29).
 
     >>> noise = GrowthNoise(xi_n=1.0, n=100)
@@ -126,7 +129,7 @@ class SVTAnswer(NamedTuple):
 
 
 class ATG:
-    """AboveThreshold for Growing databases, one round (spec §5.1, Theorem 25; A8).
+    """AboveThreshold for Growing databases, one round (growing.md G-6, Theorem 25).
 
     ``step(value, t)``: the round starts at its first query (Z ~ Lap(1) drawn
     then); the query value at time t is rounded to its grid and compared with
@@ -139,14 +142,14 @@ class ATG:
     ([False, False, True], True)
     """
 
-    def __init__(self, threshold: float, noise: GrowthNoise, rng=None, threshold_noise: float = 2.0,
-                 query_noise: float = 4.0):
-        self.threshold = real("threshold", threshold)
+    def __init__(self, threshold: float, noise: GrowthNoise, rng: RngLike = None,
+                 threshold_noise: float = 2.0, query_noise: float = 4.0) -> None:
+        self.threshold = check_real("threshold", threshold)
         if not isinstance(noise, GrowthNoise):
             raise ValueError(f"noise must be a GrowthNoise, got {type(noise).__name__}")
         self.noise = noise
-        self.threshold_noise = real("threshold_noise", threshold_noise, positive=True)
-        self.query_noise = real("query_noise", query_noise, positive=True)
+        self.threshold_noise = check_real("threshold_noise", threshold_noise, positive=True)
+        self.query_noise = check_real("query_noise", query_noise, positive=True)
         self._source = make_noise(rng)
         self._z: Optional[Fraction] = None      # SECRET: never released, logged or shown
         self.start: Optional[int] = None
@@ -160,7 +163,7 @@ class ATG:
         """(⊤?, the query's grid exponent)."""
         if self.halted:
             raise RuntimeError("this ATG round has halted; start a new one")
-        t = integer("t", t, self.noise.n)
+        t = check_int("t", t, self.noise.n)
         if self.start is not None and t < self.start:
             raise ValueError(f"t must not decrease: the round started at {self.start}, got {t}")
         if self._z is None:
@@ -176,7 +179,7 @@ class ATG:
             self.halted = True
         return top, e
 
-    def step(self, value, t: int) -> bool:
+    def step(self, value: float, t: int) -> bool:
         return self._test(value, t)[0]
 
     def privacy_cost(self, halt_time: Optional[int]) -> float:
@@ -195,19 +198,20 @@ def _round_fraction(value: Fraction, exponent: int) -> Fraction:
 
 
 class NATG(ATG):
-    """Numeric AboveThreshold for Growing databases (spec §5.2, Theorem 27).
+    """Numeric AboveThreshold for Growing databases (growing.md G-7, Theorem 27).
 
     On ⊤ at time e also releases ``numeric(x_e) + Lap(m·ξ_e)`` (``numeric``
     defaults to the tested value; PMWG tests |f(x) − f(y)| and releases f(x),
-    A10). ``step`` returns the numeric value on ⊤ and ``None`` on ⊥.
+    G-7). ``step`` returns the numeric value on ⊤ and ``None`` on ⊥.
     """
 
-    def __init__(self, threshold: float, noise: GrowthNoise, rng=None, threshold_noise: float = 2.0,
-                 query_noise: float = 4.0, numeric_noise: float = 2.0):
+    def __init__(self, threshold: float, noise: GrowthNoise, rng: RngLike = None,
+                 threshold_noise: float = 2.0, query_noise: float = 4.0,
+                 numeric_noise: float = 2.0) -> None:
         super().__init__(threshold, noise, rng, threshold_noise, query_noise)
-        self.numeric_noise = real("numeric_noise", numeric_noise, positive=True)
+        self.numeric_noise = check_real("numeric_noise", numeric_noise, positive=True)
 
-    def step(self, value, t: int, numeric=None) -> Optional[float]:
+    def step(self, value: float, t: int, numeric: Optional[float] = None) -> Optional[float]:
         top, e = self._test(value, t)
         if not top:
             return None
@@ -230,11 +234,11 @@ class NATG(ATG):
 
 
 class NSG:
-    """NumericSparse for Growing databases (spec §5.3, Theorems 29, 31): NATG rounds forever.
+    """NumericSparse for Growing databases (growing.md G-7, Theorems 29, 31): NATG rounds forever.
 
     ``step(value, t, numeric=None)`` answers one query: ``easy`` (⊥),
     ``hard`` with the noisy numeric value, or ``abort`` when a hard query would
-    exceed ``cap(t)`` (A12: permanent, nothing numeric is released; every
+    exceed ``cap(t)`` (G-8: permanent, nothing numeric is released; every
     later query is ``abort``). A new round, with a fresh secret Z, starts at
     the query after each ⊤. :meth:`spent` is the realised cost
     C_n·φ(n) + C_e·Σφ(e_i) (Corollary 30) and :meth:`spent_square` its
@@ -243,9 +247,9 @@ class NSG:
     :meth:`~dp_beam.mechanisms.growing.PMWGParams.privacy_cost`.
     """
 
-    def __init__(self, threshold: float, noise: GrowthNoise, rng=None,
+    def __init__(self, threshold: float, noise: GrowthNoise, rng: RngLike = None,
                  cap: Optional[Callable[[int], int]] = None, threshold_noise: float = 2.0,
-                 query_noise: float = 4.0, numeric_noise: float = 2.0):
+                 query_noise: float = 4.0, numeric_noise: float = 2.0) -> None:
         self._round = NATG(threshold, noise, rng, threshold_noise, query_noise, numeric_noise)
         self._round.halted = True   # the first query starts a round
         self.cap = cap
@@ -262,14 +266,14 @@ class NSG:
                 f"aborted={self.aborted})")
 
     @property
-    def source(self):
+    def source(self) -> NoiseSource:
         return self._round._source
 
     @source.setter
-    def source(self, value):
+    def source(self, value: NoiseSource) -> None:
         self._round._source = value
 
-    def step(self, value, t: int, numeric=None) -> SVTAnswer:
+    def step(self, value: float, t: int, numeric: Optional[float] = None) -> SVTAnswer:
         if self.aborted:
             return SVTAnswer("abort", None, t)
         r = self._round
@@ -316,7 +320,7 @@ class NSG:
 
 
 class LaplaceG:
-    """The growing Laplace mechanism (spec §5.0, [DERIVED]): q(x_t) + Lap(Δ_t/ε_j) per query.
+    """The growing Laplace mechanism (growing.md G-10; derived by us): q(x_t) + Lap(Δ_t/ε_j) per query.
 
     ``schedule="time"``: the j-th query at time t (j < ``per_time``) gets
     ε_t/per_time with a summable ε_t: pure ε·t^{−(1+η)}/Z, or (δ > 0)
@@ -333,22 +337,22 @@ class LaplaceG:
 
     def __init__(self, epsilon: float, n: int, delta: float = 0.0, eta: float = 0.1,
                  schedule: str = "time", per_time: int = 1, max_queries: Optional[int] = None,
-                 sensitivity: float = 1.0, rng=None):
-        self.epsilon = real("epsilon", epsilon, positive=True)
-        self.n = integer("n", n, 1)
-        self.delta = real("delta", delta, nonnegative=True, below=1.0)
-        self.eta = real("eta", eta, positive=True, at_most=1.0)
+                 sensitivity: float = 1.0, rng: RngLike = None) -> None:
+        self.epsilon = check_real("epsilon", epsilon, positive=True)
+        self.n = check_int("n", n, 1)
+        self.delta = check_real("delta", delta, nonnegative=True, below=1.0)
+        self.eta = check_real("eta", eta, positive=True, at_most=1.0)
         if schedule not in ("time", "queries"):
             raise ValueError(f"schedule must be 'time' or 'queries', got {schedule!r}")
         self.schedule = schedule
-        self.per_time = integer("per_time", per_time, 1)
+        self.per_time = check_int("per_time", per_time, 1)
         if schedule == "queries":
-            self.max_queries = integer("max_queries", max_queries, 1)
+            self.max_queries = check_int("max_queries", max_queries, 1)
         elif max_queries is not None:
             raise ValueError("max_queries applies only with schedule='queries'")
         else:
             self.max_queries = None
-        self.sensitivity = real("sensitivity", sensitivity, positive=True)
+        self.sensitivity = check_real("sensitivity", sensitivity, positive=True)
         self._source = make_noise(rng)
         self.answered = 0
         self._at = (None, 0)   # (time, queries answered at it)
@@ -376,8 +380,8 @@ class LaplaceG:
     def noise_std(self, t: int) -> float:
         return math.sqrt(2.0) * self.scale(t)
 
-    def answer(self, value, t: int) -> Optional[float]:
-        t = integer("t", t, self.n)
+    def answer(self, value: float, t: int) -> Optional[float]:
+        t = check_int("t", t, self.n)
         if self.schedule == "queries":
             if self.answered >= self.max_queries:
                 return None
@@ -394,9 +398,6 @@ class LaplaceG:
         v = _round_fraction(_exact(value), e)
         return float(v + grid_laplace_exact(self._source, self.scale(t), e))
 
-    def privacy_cost(self) -> Dict[str, float]:
+    def privacy_cost(self) -> Cost:
         """The whole unbounded run: ε-DP (Σε_j <= ε) or (ε, δ)-DP with ρ*-zCDP (Σε_j² <= 2ρ*)."""
-        if self.delta > 0:
-            return {"epsilon": self.epsilon, "delta": self.delta,
-                    "rho": rho_star(self.epsilon, self.delta)}
-        return {"epsilon": self.epsilon, "delta": 0.0, "rho": 0.5 * self.epsilon ** 2}
+        return growing_cost(self.epsilon, self.delta)

@@ -1,15 +1,15 @@
 """Private incremental regression (seed 002): PrivIncReg1, PrivIncReg2, PrivIncERM.
 
 Kasiviswanathan, Nissim, Jin, *Private Incremental Regression* (PODS 2017;
-``shared/seeds/002_e2567d933c03fbbd.txt``), as specified in
-``shared/spec/private_erm_and_incremental_regression.md`` §2–4. Engine-free:
+arXiv:1701.01093), as specified in
+``docs/privacy/regression.md``. Engine-free:
 NumPy/SciPy and the project's counters, no Beam.
 
 * :mod:`.constraints` — the constraint sets :class:`L2Ball`, :class:`L1Ball`;
 * :mod:`.moments` — the Gram (upper triangle) and x·y running sums released
   by a continual counter (BLT by default, the tree as the paper's TreeMech),
   with their sensitivities;
-* :mod:`.solvers` — NoisyProjGrad with the spec's r_t, η_t; the exact QP on
+* :mod:`.solvers` — NoisyProjGrad with the r_t, η_t of R-9 (derived from Cor. B.2); the exact QP on
   the PSD-projected noisy Gram; PrivIncReg2's lift;
 * :mod:`.incremental` — :class:`PrivIncReg1`, :class:`PrivIncReg2`;
 * :mod:`.batch` — :class:`PrivIncERM` over the project's output-perturbation ERM.

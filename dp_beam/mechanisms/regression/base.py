@@ -1,7 +1,7 @@
 """What the three incremental-regression mechanisms share: validation, the release, stepping.
 
-Spec private_erm_and_incremental_regression.md §2 (seed 002,
-``shared/seeds/002_e2567d933c03fbbd.txt``) and §3 (one model per step, state
+``docs/privacy/regression.md`` (seed 002,
+arXiv:1701.01093) and design D1.3 (one model per step, state
 per stream bounded, no raw records kept). A mechanism consumes one time step
 at a time, as the sums of its points' encodings
 (:func:`~dp_beam.mechanisms.regression.moments.encode_point`) and their
@@ -27,49 +27,16 @@ production leaves ``rng=None``):
 
 from __future__ import annotations
 
-import math
-import numbers
 from dataclasses import dataclass
-from typing import Optional, Tuple
+from typing import Tuple
 
 import numpy as np
+from numpy.typing import ArrayLike
 
+from ..checks import check_int
 from .moments import clip_point, encode_point, svec_dim
 
-__all__ = ["RegressionRelease", "check_real", "check_int", "check_delta", "check_epsilon",
-           "StepMixin"]
-
-
-def check_real(name, value, *, positive=False, unit_interval=False) -> float:
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise ValueError(f"{name} must be a real number, got {value!r}")
-    value = float(value)
-    if not math.isfinite(value):
-        raise ValueError(f"{name} must be finite, got {value!r}")
-    if positive and not value > 0.0:
-        raise ValueError(f"{name} must be > 0, got {value!r}")
-    if unit_interval and not 0.0 < value < 1.0:
-        raise ValueError(f"{name} must be in (0, 1), got {value!r}")
-    return value
-
-
-def check_int(name, value, minimum=1, optional=False) -> Optional[int]:
-    if optional and value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
-        raise ValueError(f"{name} must be an int >= {minimum}{' or None' if optional else ''}, "
-                         f"got {value!r}")
-    return int(value)
-
-
-def check_epsilon(value) -> float:
-    return check_real("epsilon", value, positive=True)
-
-
-def check_delta(value) -> float:
-    if value is None:
-        raise ValueError("delta must be in (0, 1): the mechanisms use Gaussian noise, got None")
-    return check_real("delta", value, unit_interval=True)
+__all__ = ["RegressionRelease", "StepMixin"]
 
 
 @dataclass(frozen=True)
@@ -83,7 +50,7 @@ class RegressionRelease:
     the noisy sums behind the model (diagonal of Q; off-diagonal entries have
     ``1/√2`` of it), ``noise_std_model`` the per-coordinate std of PrivIncERM's
     output perturbation (0 for the others). ``alpha`` is the gradient-error
-    bound α_t (spec §2.4), ``iterations`` the solver's work. All noise figures
+    bound α_t (regression.md R-2 to R-5), ``iterations`` the solver's work. All noise figures
     are public: functions of t, n and the parameters.
     """
 
@@ -113,7 +80,7 @@ class StepMixin:
     def featurise(self, x: np.ndarray) -> np.ndarray:
         return x
 
-    def encode(self, x, y) -> Tuple[np.ndarray, np.ndarray, bool]:
+    def encode(self, x: ArrayLike, y: float) -> Tuple[np.ndarray, np.ndarray, bool]:
         """``(svec(zzᵀ), z·y, clipped)`` of one raw point, as the transform's per-event stage computes it."""
         x = np.asarray(x, dtype=np.float64)
         if x.shape != (self.features,):
@@ -123,7 +90,7 @@ class StepMixin:
         gram, xy = encode_point(z, y)
         return gram, xy, clipped
 
-    def step_points(self, X, y) -> RegressionRelease:
+    def step_points(self, X: ArrayLike, y: ArrayLike) -> RegressionRelease:
         """Consume one step holding the points ``(X[i], y[i])`` (possibly none)."""
         X = np.asarray(X, dtype=np.float64)
         if X.ndim != 2 or (X.size and X.shape[1] != self.features):
@@ -140,8 +107,8 @@ class StepMixin:
             xy += b
         return self.step(gram, xy, X.shape[0])
 
-    def push(self, x, y) -> RegressionRelease:
-        """Consume one step holding the single point ``(x, y)`` (the spec's one record per step)."""
+    def push(self, x: ArrayLike, y: float) -> RegressionRelease:
+        """Consume one step holding the single point ``(x, y)`` (the paper's one record per step, R-1)."""
         x = np.asarray(x, dtype=np.float64)
         if x.shape != (self.features,):
             raise ValueError(f"x must have shape ({self.features},), got {x.shape}")

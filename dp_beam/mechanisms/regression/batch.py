@@ -1,7 +1,7 @@
-"""PrivIncERM: the generic batch-to-incremental transformation of seed 002 (§3).
+"""PrivIncERM: the generic batch-to-incremental transformation of seed 002 (regression.md R-8).
 
-Seed 002 (``shared/seeds/002_e2567d933c03fbbd.txt``) §3, Mechanism PrivIncERM;
-spec private_erm_and_incremental_regression.md §2.2 [RECON] and §4.6 item 32.
+Seed 002 (arXiv:1701.01093), Mechanism PrivIncERM; ``docs/privacy/regression.md``
+R-8 (the per-run budget is our reconstruction of the paper's formula).
 Every τ steps an (ε′, δ′)-DP batch ERM runs on the whole prefix; in between
 the last output is repeated. A record is used by at most ``k = ⌈T/τ⌉`` runs,
 so advanced composition (Dwork–Rothblum–Vadhan, 002 Thm A.4) with slack δ/2
@@ -11,7 +11,7 @@ and
 
 makes the whole sequence ``(ε′√(2k ln(2/δ)) + 2kε′², kδ′ + δ/2)``-DP, at most
 ``(ε/2 + ε²/(4 ln(2/δ)), δ) <= (ε, δ)``. τ defaults to
-``⌈(d·T)^{1/3}·ε^{−2/3}⌉`` (spec §2.2 [CHOICE]; T is the horizon in steps).
+``⌈(d·T)^{1/3}·ε^{−2/3}⌉`` (regression.md R-8; our choice, T the horizon in steps).
 
 The black box is the project's output-perturbation ERM
 (:class:`~dp_beam.mechanisms.erm.OutputPerturbation`, seed 004 Alg. 1) with the
@@ -21,7 +21,7 @@ closed form from the exact sufficient statistics, perturbed by L2-Laplace
 conservative sensitivity ``2L/(λn)`` (see :class:`SquaredLoss` for L), then
 projected onto C (post-processing). Only the running sums ``Σ xxᵀ``, ``Σ xy``
 and n are kept, not the records: for least squares they are all the batch
-solver needs (spec §3's "whole history" is for a general black box).
+solver needs (design D1.3's "whole history" is for a general black box).
 
 Example (a test seed; production leaves ``rng=None``):
 
@@ -41,14 +41,17 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Any, Dict, Optional, Tuple, Type
 
 import numpy as np
+from numpy.typing import ArrayLike
 
+from ...accounting.cost import Cost
+from ..checks import check_delta, check_epsilon, check_int, check_real
 from ..erm import NOISE_KINDS, OutputPerturbation
-from ..noise import make_noise
-from ..noise_key import round_to_grid
-from .base import RegressionRelease, StepMixin, check_delta, check_epsilon, check_int, check_real
+from ..noise import RngLike, make_noise
+from ..noise_grid import round_to_grid
+from .base import RegressionRelease, StepMixin
 from .constraints import Constraint, ConstrainedParams, L2Ball, check_constraint
 from .moments import smat, svec_dim
 
@@ -56,25 +59,26 @@ __all__ = ["PrivIncERMParams", "PrivIncERM", "SquaredLoss", "RidgeOutputPerturba
            "per_run_budget", "advanced_composition", "default_tau", "default_lambda"]
 
 
-def per_run_budget(epsilon: float, delta: float, k: int):
-    """``(ε′, δ′) = (ε/(2√(2k ln(2/δ))), δ/(2k))`` (spec §2.2 [RECON])."""
+def per_run_budget(epsilon: float, delta: float, k: int) -> Tuple[float, float]:
+    """``(ε′, δ′) = (ε/(2√(2k ln(2/δ))), δ/(2k))`` (regression.md R-8; reconstructed)."""
     return epsilon / (2.0 * math.sqrt(2.0 * k * math.log(2.0 / delta))), delta / (2.0 * k)
 
 
-def advanced_composition(eps_run: float, delta_run: float, k: int, slack: float):
+def advanced_composition(eps_run: float, delta_run: float, k: int,
+                         slack: float) -> Tuple[float, float]:
     """``(ε′√(2k ln(1/slack)) + 2kε′², kδ′ + slack)``: k-fold composition (002 Thm A.4)."""
     return (eps_run * math.sqrt(2.0 * k * math.log(1.0 / slack)) + 2.0 * k * eps_run ** 2,
             k * delta_run + slack)
 
 
 def default_tau(d: int, horizon: int, epsilon: float) -> int:
-    """``⌈(d·T)^{1/3}·ε^{−2/3}⌉`` capped to [1, T] (spec §2.2 [CHOICE])."""
+    """``⌈(d·T)^{1/3}·ε^{−2/3}⌉`` capped to [1, T] (regression.md R-8; our choice)."""
     tau = math.ceil((d * horizon) ** (1.0 / 3.0) * epsilon ** (-2.0 / 3.0))
     return int(min(max(tau, 1), horizon))
 
 
 def default_lambda(n: int, epsilon: float, dim: int, radius: float) -> float:
-    """Ridge λ balancing bias ``nλR²`` against noise ``16(p+1)/(λ³nε′²)`` (sum scale; [CHOICE]).
+    """Ridge λ balancing bias ``nλR²`` against noise ``16(p+1)/(λ³nε′²)`` (sum scale; our choice).
 
     ``λ = (48(p + 1))^{1/4}/√(n·ε′·R)``, from L2-Laplace noise of scale
     ``2L/(λnε′)`` with ``L ≈ 2/√λ`` and ``‖x‖ <= 1``; n is public under replace-one.
@@ -95,7 +99,7 @@ class SquaredLoss:
 
     fit_intercept = False
 
-    def __init__(self, n_features: int, lam: float):
+    def __init__(self, n_features: int, lam: float) -> None:
         self.n_features = self.n_params = check_int("n_features", n_features)
         lam = check_real("lam", lam, positive=True)
         self.lipschitz = 2.0 * (1.0 + min(1.0 / math.sqrt(lam), 1.0 / lam))
@@ -111,11 +115,12 @@ class RidgeOutputPerturbation(OutputPerturbation):
     or (ε′, δ′)-DP (``"gaussian"``) under replacing one record.
     """
 
-    def __init__(self, dim, lam, epsilon, noise="l2_laplace", delta=None, rng=None):
+    def __init__(self, dim: int, lam: float, epsilon: float, noise: str = "l2_laplace",
+                 delta: Optional[float] = None, rng: RngLike = None) -> None:
         super().__init__(SquaredLoss(dim, lam), lam, epsilon, noise=noise,
                          delta=delta if noise == "gaussian" else None, rng=rng)
 
-    def fit(self, gram, xy, n):
+    def fit(self, gram: ArrayLike, xy: ArrayLike, n: int) -> Tuple[np.ndarray, Dict[str, float]]:
         """``(noisy θ, noise description)`` from the exact sums (gram in svec form) of n records."""
         d = self.loss.n_params
         G = smat(gram, d) / n
@@ -180,7 +185,7 @@ class PrivIncERMParams(ConstrainedParams):
 
 
 class PrivIncERM(StepMixin):
-    """Mechanism PrivIncERM of seed 002 over ridge output perturbation (spec §2.2).
+    """Mechanism PrivIncERM of seed 002 over ridge output perturbation (regression.md R-8).
 
     ``step(gram, xy, count)`` as :class:`~dp_beam.mechanisms.regression.PrivIncReg1`;
     at steps t ∈ τℕ (t <= T) with at least one record the batch black box runs on
@@ -192,7 +197,8 @@ class PrivIncERM(StepMixin):
     name = "privincerm"
     STATE_VERSION = 1
 
-    def __init__(self, params: PrivIncERMParams, rng=None, batch=RidgeOutputPerturbation):
+    def __init__(self, params: PrivIncERMParams, rng: RngLike = None,
+                 batch: Type[RidgeOutputPerturbation] = RidgeOutputPerturbation) -> None:
         if not isinstance(params, PrivIncERMParams):
             raise ValueError(f"params must be PrivIncERMParams, got {type(params).__name__}")
         self.params = params
@@ -213,10 +219,10 @@ class PrivIncERM(StepMixin):
     def n(self) -> int:
         return self._n
 
-    def privacy_cost(self) -> dict:
-        """``{"epsilon", "delta", "rho"}`` of the whole sequence (replace one record).
+    def privacy_cost(self) -> Cost:
+        """The cost of the whole sequence (replace one record).
 
-        The better of advanced composition (spec §2.2) and basic composition
+        The better of advanced composition (regression.md R-8) and basic composition
         (k·ε′, and k·δ′ for Gaussian runs); ρ = k·ρ′ with ρ′ = ε′²/2 (pure ε′)
         or ρ(ε′, δ′) (Gaussian).
         """
@@ -230,7 +236,7 @@ class PrivIncERM(StepMixin):
             eps, delta = basic_eps, basic_delta
         else:
             eps, delta = adv_eps, adv_delta
-        return {"epsilon": float(eps), "delta": float(delta), "rho": float(k * probe.rho)}
+        return Cost(float(eps), float(delta), float(k * probe.rho))
 
     def noise_std(self, n: int) -> dict:
         """``{"model": std}``: per-coordinate noise std of a batch run on n records (public;
@@ -245,7 +251,7 @@ class PrivIncERM(StepMixin):
         return p.lam if p.lam is not None else default_lambda(n, p.run_epsilon, p.dim,
                                                               p.constraint.max_norm)
 
-    def step(self, gram, xy, count) -> RegressionRelease:
+    def step(self, gram: ArrayLike, xy: ArrayLike, count: int) -> RegressionRelease:
         """Consume one step's sums and count; run the batch ERM at t ∈ τℕ; release the model."""
         gram, xy, count = self._check_step(gram, xy, count)
         p = self.params
@@ -276,7 +282,8 @@ class PrivIncERM(StepMixin):
                 "theta": self._theta.tolist(), "std": self._std}
 
     @classmethod
-    def from_state(cls, state, rng=None, batch=RidgeOutputPerturbation):
+    def from_state(cls, state: Dict[str, Any], rng: RngLike = None,
+                   batch: Type[RidgeOutputPerturbation] = RidgeOutputPerturbation) -> "PrivIncERM":
         if not isinstance(state, dict) or state.get("mechanism") != cls.name:
             raise ValueError(f"state is not a {cls.name!r} state")
         if state.get("version") != cls.STATE_VERSION:

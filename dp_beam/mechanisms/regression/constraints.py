@@ -1,10 +1,10 @@
 """Constraint sets C of private incremental regression: L2 and L1 balls.
 
-Spec private_erm_and_incremental_regression.md §2.1 (C closed and convex,
-``‖C‖ = max_{θ∈C} ‖θ‖₂``), §2.5 (Euclidean projection Π_C in NoisyProjGrad),
-§2.6 (Minkowski functional of the lift, Gaussian width of Def. 3 of seed 002,
-``shared/seeds/002_e2567d933c03fbbd.txt``). Lasso is the L1 ball, ridge the
-L2 ball (002 §1).
+``docs/privacy/regression.md`` R-1 (C closed and convex,
+``‖C‖ = max_{θ∈C} ‖θ‖₂``), R-9 (Euclidean projection Π_C in NoisyProjGrad),
+R-7 (Minkowski functional of the lift, Gaussian width of Def. 3 of seed 002,
+arXiv:1701.01093). Lasso is the L1 ball, ridge the
+L2 ball (regression.md R-1).
 
 Example:
 
@@ -21,23 +21,16 @@ Example:
 from __future__ import annotations
 
 import math
-import numbers
 from dataclasses import asdict, dataclass
-from typing import Union
+from typing import Any, Mapping, Union
 
 import numpy as np
+from numpy.typing import ArrayLike
 from scipy import integrate, special
 
+from ..checks import check_real
+
 __all__ = ["L2Ball", "L1Ball", "Constraint", "ConstrainedParams", "constraint_from_dict", "check_constraint"]
-
-
-def _radius(value) -> float:
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise ValueError(f"radius must be a real number, got {value!r}")
-    value = float(value)
-    if not math.isfinite(value) or value <= 0.0:
-        raise ValueError(f"radius must be finite and > 0, got {value!r}")
-    return value
 
 
 def _vector(theta) -> np.ndarray:
@@ -58,7 +51,7 @@ class _Ball:
     kind = ""
 
     def __post_init__(self):
-        object.__setattr__(self, "radius", _radius(self.radius))
+        object.__setattr__(self, "radius", check_real("radius", self.radius, positive=True))
 
     @property
     def max_norm(self) -> float:
@@ -88,7 +81,7 @@ class L2Ball(_Ball):
 
     kind = "l2_ball"
 
-    def project(self, theta) -> np.ndarray:
+    def project(self, theta: ArrayLike) -> np.ndarray:
         """Euclidean projection Π_C(θ): θ scaled down to the radius."""
         theta = _vector(theta)
         norm = float(np.linalg.norm(theta))
@@ -96,7 +89,7 @@ class L2Ball(_Ball):
             return theta.copy()
         return theta * (self.radius / norm)
 
-    def minkowski(self, theta) -> float:
+    def minkowski(self, theta: ArrayLike) -> float:
         """``‖θ‖_C = inf{r > 0 : θ ∈ rC} = ‖θ‖₂/radius`` (002 Def. 6)."""
         return float(np.linalg.norm(_vector(theta))) / self.radius
 
@@ -115,7 +108,7 @@ class L1Ball(_Ball):
 
     kind = "l1_ball"
 
-    def project(self, theta) -> np.ndarray:
+    def project(self, theta: ArrayLike) -> np.ndarray:
         """Euclidean projection onto the L1 ball (Duchi, Shalev-Shwartz, Singer, Chandra 2008).
 
         Soft-thresholding at the τ that puts the result on the sphere:
@@ -133,7 +126,7 @@ class L1Ball(_Ball):
         tau = (css[rho] - self.radius) / (rho + 1)
         return np.sign(theta) * np.maximum(a - tau, 0.0)
 
-    def minkowski(self, theta) -> float:
+    def minkowski(self, theta: ArrayLike) -> float:
         """``‖θ‖_C = ‖θ‖₁/radius`` (002 Def. 6)."""
         return float(np.abs(_vector(theta)).sum()) / self.radius
 
@@ -148,14 +141,14 @@ class L1Ball(_Ball):
 Constraint = Union[L2Ball, L1Ball]
 
 
-def check_constraint(value, name: str = "constraint") -> Constraint:
+def check_constraint(value: Any, name: str = "constraint") -> Constraint:
     """``value`` if it is an :class:`L2Ball` or :class:`L1Ball`, else ``ValueError`` naming ``name``."""
     if not isinstance(value, (L2Ball, L1Ball)):
         raise ValueError(f"{name} must be L2Ball(radius) or L1Ball(radius), got {value!r}")
     return value
 
 
-def constraint_from_dict(data) -> Constraint:
+def constraint_from_dict(data: Mapping[str, Any]) -> Constraint:
     """Inverse of ``to_dict`` (for mechanism states)."""
     if not isinstance(data, dict) or data.get("kind") not in ("l2_ball", "l1_ball"):
         raise ValueError(f"constraint state must be a dict with kind 'l2_ball' or 'l1_ball', got {data!r}")
@@ -172,7 +165,7 @@ class ConstrainedParams:
         return out
 
     @classmethod
-    def from_dict(cls, data):
+    def from_dict(cls, data: Mapping[str, Any]) -> "ConstrainedParams":
         data = dict(data)
         data["constraint"] = constraint_from_dict(data["constraint"])
         return cls(**data)

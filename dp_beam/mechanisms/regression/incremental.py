@@ -1,11 +1,11 @@
 """PrivIncReg1 (private gradient from two noisy sums) and PrivIncReg2 (random projection and lift).
 
 Seed 002, Kasiviswanathan, Nissim, Jin, *Private Incremental Regression*
-(``shared/seeds/002_e2567d933c03fbbd.txt``), §4 and §5; spec
-private_erm_and_incremental_regression.md §2.3–2.7, §3 (state), §4.5–4.6
-(testable properties), §5.18–5.26 (resolutions).
+(arXiv:1701.01093), Sections 4 and 5; the privacy arguments are claims R-2 to
+R-7 and R-9 of ``docs/privacy/regression.md`` (state per stream: ``docs/design.md``
+D1.3).
 
-PrivIncReg1 (spec §2.4): the noisy running sums ``Q_t ≈ Σ x xᵀ`` and
+PrivIncReg1 (regression.md R-2 to R-5): the noisy running sums ``Q_t ≈ Σ x xᵀ`` and
 ``q_t ≈ Σ x y`` (:class:`~dp_beam.mechanisms.regression.moments.NoisyMoments`)
 give the private gradient function ``g_t(θ) = 2(Q_t θ − q_t)`` (002 Def. 5);
 any θ computed from it is post-processing. Two solvers:
@@ -13,8 +13,8 @@ any θ computed from it is post-processing. Two solvers:
 * ``solver="exact"`` (default): the minimiser over C of
   ``θᵀQ₊θ − 2qᵀθ``, Q₊ the PSD projection of the (symmetric) noisy Q_t
   (:func:`~dp_beam.mechanisms.regression.solvers.solve_quadratic`).
-* ``solver="noisy_proj_grad"``: the paper's NoisyProjGrad with the spec's
-  r_t and η_t (Cor. B.2) from θ_1 = Π_C(0), r capped at ``max_iterations``.
+* ``solver="noisy_proj_grad"``: the paper's NoisyProjGrad with the
+  r_t and η_t we derived from its Cor. B.2 from θ_1 = Π_C(0), r capped at ``max_iterations``.
 
 Why exact is the default, measured (``benchmarks/incremental_regression.py``,
 flights 2013, one step per hour, d = 11, C an L2 ball of radius 4, δ = 10⁻⁶,
@@ -29,22 +29,22 @@ NoisyProjGrad's averaged iterate from 0 is the better one (day 7 at ε = 1:
 4.6 against 54): it shrinks toward 0 where the exact minimiser follows the
 noise to the boundary of C. A stream that runs for long is worth the exact
 solver, which is why it is the default. Its guarantee is also the stronger
-one: with N_Q, N_q the noises and ``α_t = 2(‖N_Q‖‖C‖ + ‖N_q‖)`` (spec §2.4),
+one: with N_Q, N_q the noises and ``α_t = 2(‖N_Q‖‖C‖ + ‖N_q‖)`` (regression.md R-2 to R-5),
 the PSD projection moves the noisy Gram by at most ‖N_Q‖ in operator norm (its
 negative eigenvalues are >= −‖N_Q‖ because the true Gram is PSD), so the minimised quadratic is within α_t‖C‖ of
 ``f = J − Σy²`` on all of C, and its minimiser θ̃ has
 ``J(θ̃) − J(θ̂) <= 2α_t‖C‖``, against ``4α_t‖C‖`` for NoisyProjGrad
 (Cor. B.2, which is what 002 states).
 
-PrivIncReg2 (spec §2.6): a Gaussian Φ ∈ R^{m×d} drawn from the noise source
+PrivIncReg2 (regression.md R-7): a Gaussian Φ ∈ R^{m×d} drawn from the noise source
 before any data (public; it may be logged), ``u = clip(Φx/√m, 1)``, the same
 two sums in R^m, the projected objective minimised over θ ∈ C directly
 (``v = Φθ/√m`` ranges over K = ΦC/√m), and the lift
 ``θ = argmin ‖θ‖_C s.t. Φθ = √m·v`` (minimum norm for an L2 ball, basis
-pursuit for an L1 ball). m follows the spec's rule
-(:func:`projection_dim`) unless given. It pays off only when the data and C
+pursuit for an L1 ball). m follows our rule
+(:func:`projection_dim`, R-7) unless given. It pays off only when the data and C
 have a small Gaussian width W (W² ≪ m); otherwise the projection's
-distortion, of order ``t‖C‖²W²/m`` on the sum loss (§2.6), dominates: on the
+distortion, of order ``t‖C‖²W²/m`` on the sum loss (R-7), dominates: on the
 flights of the benchmark (d = 11, unit-ball features, the rule gives m = d)
 its excess is about a hundred times the non-private risk, where PrivIncReg1's
 is 3 %.
@@ -77,12 +77,15 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Any, Dict, Optional
 
 import numpy as np
+from numpy.typing import ArrayLike
 
-from ..noise import ZeroNoise, make_noise
-from .base import RegressionRelease, StepMixin, check_delta, check_epsilon, check_int, check_real
+from ...accounting.cost import Cost
+from ..checks import check_delta, check_epsilon, check_int, check_probability, check_real
+from ..noise import RngLike, ZeroNoise, make_noise
+from .base import RegressionRelease, StepMixin
 from .constraints import Constraint, ConstrainedParams, L2Ball, check_constraint
 from .moments import COUNTERS, SPLITS, NoisyMoments
 from .solvers import (gradient_error_bound, lift, noisy_proj_grad, npg_schedule, psd_part,
@@ -134,7 +137,7 @@ class PrivIncReg1Params(ConstrainedParams):
             raise ValueError(f"calibration must be 'zcdp' or 'analytic', got {self.calibration!r}")
         if self.split not in SPLITS:
             raise ValueError(f"split must be one of {SPLITS}, got {self.split!r}")
-        object.__setattr__(self, "beta", check_real("beta", self.beta, unit_interval=True))
+        object.__setattr__(self, "beta", check_probability("beta", self.beta))
         object.__setattr__(self, "max_iterations", check_int("max_iterations", self.max_iterations))
 
 
@@ -201,8 +204,8 @@ class _Incremental(StepMixin):
         gram, xy = self._moments.noise_std(t)
         return {"gram": gram, "xy": xy}
 
-    def privacy_cost(self) -> dict:
-        """``{"epsilon", "delta", "rho"}`` of the whole output sequence (replace one record)."""
+    def privacy_cost(self) -> Cost:
+        """The cost of the whole output sequence (replace one record)."""
         return self._moments.privacy_cost()
 
     def statistics(self):
@@ -239,7 +242,7 @@ class _Incremental(StepMixin):
 
 
 class PrivIncReg1(_Incremental):
-    """PrivIncReg1 of seed 002 (spec §2.4): one model in C per step from two noisy running sums.
+    """PrivIncReg1 of seed 002 (regression.md R-2 to R-5): one model in C per step from two noisy running sums.
 
     ``step(gram, xy, count)`` takes one step's sums of
     :func:`~dp_beam.mechanisms.regression.moments.encode_point` (svec form) and
@@ -252,7 +255,7 @@ class PrivIncReg1(_Incremental):
     name = "privincreg1"
     params_cls = PrivIncReg1Params
 
-    def __init__(self, params: PrivIncReg1Params, rng=None):
+    def __init__(self, params: PrivIncReg1Params, rng: RngLike = None) -> None:
         if not isinstance(params, PrivIncReg1Params):
             raise ValueError(f"params must be PrivIncReg1Params, got {type(params).__name__}")
         self.params = params
@@ -271,7 +274,7 @@ class PrivIncReg1(_Incremental):
         return theta, alpha, r
 
     @classmethod
-    def from_state(cls, state, rng=None):
+    def from_state(cls, state: Dict[str, Any], rng: RngLike = None) -> "PrivIncReg1":
         """Rebuild from :meth:`to_state` output; the next draws come from ``rng``."""
         mech = cls(cls._check_state(state), rng=rng)
         mech._restore(state)
@@ -284,7 +287,7 @@ def _unit_ball_width(d: int) -> float:
 
 def projection_dim(d: int, constraint: Constraint, records: int, noise_std: float,
                    feature_width: Optional[float] = None) -> int:
-    """The spec's m for PrivIncReg2 (§2.6 [DERIVED]): privacy against distortion.
+    """The m for PrivIncReg2 (R-7; our derivation from the paper's bound): privacy against distortion.
 
     ``m = ⌈(T·W²·‖C‖²/A)^{2/3}⌉`` capped to [1, d], with T the number of
     records, ``W = w(X) + w(C)`` (Gaussian widths; ``feature_width`` is w(X),
@@ -307,7 +310,7 @@ def projection_dim(d: int, constraint: Constraint, records: int, noise_std: floa
 
 
 def project_features(phi: np.ndarray, x: np.ndarray) -> np.ndarray:
-    """``u = clip(Φx/√m, 1)``: clipped so the sensitivities hold for every input (spec §5.22)."""
+    """``u = clip(Φx/√m, 1)``: clipped so the sensitivities hold for every input (regression.md R-7)."""
     m = phi.shape[0]
     u = phi @ x / math.sqrt(m)
     norm = float(np.linalg.norm(u))
@@ -316,8 +319,8 @@ def project_features(phi: np.ndarray, x: np.ndarray) -> np.ndarray:
 
 @dataclass(frozen=True)
 class PrivIncReg2Params(PrivIncReg1Params):
-    """:class:`PrivIncReg1Params` plus the projection: ``projection_dim`` m (``None``: the
-    spec's rule, :func:`projection_dim`, with ``expected_records`` records (default: one per
+    """:class:`PrivIncReg1Params` plus the projection: ``projection_dim`` m (``None``: our
+    rule, :func:`projection_dim`, with ``expected_records`` records (default: one per
     step of the horizon, or 2^20) and the public ``feature_width`` w(X))."""
 
     projection_dim: Optional[int] = None
@@ -346,17 +349,18 @@ class PrivIncReg2Params(PrivIncReg1Params):
 
 
 class PrivIncReg2(_Incremental):
-    """PrivIncReg2 of seed 002 (spec §2.6): noisy sums of ``u = clip(Φx/√m)`` in R^m, lifted into C.
+    """PrivIncReg2 of seed 002 (regression.md R-7): noisy sums of ``u = clip(Φx/√m)`` in R^m, lifted into C.
 
     Φ (m×d, i.i.d. N(0, 1)) is drawn from the noise source at construction,
     before any data (or passed as ``projection``: it is public and need not be
-    secret, spec §5.23). State: Φ (m·d numbers) and the two counters in R^m.
+    secret, regression.md R-7). State: Φ (m·d numbers) and the two counters in R^m.
     """
 
     name = "privincreg2"
     params_cls = PrivIncReg2Params
 
-    def __init__(self, params: PrivIncReg2Params, rng=None, projection=None):
+    def __init__(self, params: PrivIncReg2Params, rng: RngLike = None,
+                 projection: Optional[ArrayLike] = None) -> None:
         if not isinstance(params, PrivIncReg2Params):
             raise ValueError(f"params must be PrivIncReg2Params, got {type(params).__name__}")
         self.params = params
@@ -384,7 +388,7 @@ class PrivIncReg2(_Incremental):
         """Φ (public)."""
         return self._phi.copy()
 
-    def featurise(self, x):
+    def featurise(self, x: ArrayLike) -> np.ndarray:
         return project_features(self._phi, x)
 
     def _solve(self, Q, q, std_gram, std_xy):
@@ -411,7 +415,7 @@ class PrivIncReg2(_Incremental):
         return {"projection": self._phi.tolist()}
 
     @classmethod
-    def from_state(cls, state, rng=None):
+    def from_state(cls, state: Dict[str, Any], rng: RngLike = None) -> "PrivIncReg2":
         params = cls._check_state(state)
         try:
             phi = state["projection"]

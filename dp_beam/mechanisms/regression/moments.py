@@ -1,8 +1,8 @@
 """The two running sums of private incremental regression, released by continual counters.
 
-Seed 002 (``shared/seeds/002_e2567d933c03fbbd.txt``, §4, eq. (2)): the gradient
+Seed 002 (arXiv:1701.01093, Section 4, eq. (2); regression.md R-2, R-5): the gradient
 of the least-squares sum loss is ``∇J(θ; Γ_t) = 2(Σ x xᵀ θ − Σ x y)``, so two
-running sums suffice; spec private_erm_and_incremental_regression.md §2.3–2.4
+running sums suffice; ``docs/privacy/regression.md`` R-5
 releases them with TreeMech (the Gaussian binary tree). Here any of the
 project's vector counters does it: BLT (the default, the most accurate counter
 for Gaussian noise) or the tree (the paper's reference).
@@ -15,13 +15,13 @@ event by another at the same step* (the relation of seed 002, Def. 4), with
 
     ‖svec(xxᵀ) − svec(x'x'ᵀ)‖² = ‖xxᵀ − x'x'ᵀ‖_F² = ‖x‖⁴ + ‖x'‖⁴ − 2⟨x, x'⟩² <= 2,
 
-so ``Δ_Q = √2``, attained by two orthogonal unit vectors (spec §2.4: "√2 is
-the tight bound for the matrix stream"; the spec's 2 is not needed). The plain
+so ``Δ_Q = √2``, attained by two orthogonal unit vectors (regression.md R-2 to R-5: "√2 is
+the tight bound for the matrix stream"; the paper's 2 is not needed). The plain
 upper triangle (weight 1 off the diagonal) has the same sensitivity √2 (its
 squared difference is ``(‖xxᵀ − x'x'ᵀ‖_F² + Σ_i (x_i² − x'_i²)²)/2 <= (2 + 2)/2``),
 but puts noise σ on every entry; the √2 weighting leaves ``σ/√2`` on the
 off-diagonal entries of the rebuilt matrix, exactly what symmetrising the
-spec's full d² noisy matrix gives, at half the numbers. The ``x·y`` stream has
+paper's full d² noisy matrix gives, at half the numbers. The ``x·y`` stream has
 ``Δ_q = 2`` (``‖xy − x'y'‖ <= ‖x‖|y| + ‖x'‖|y'|``, attained by ``x' = −x``).
 Tests check both by brute force.
 
@@ -31,14 +31,14 @@ in any order (a retried bundle sums to the same bits) while below 2^23 in
 magnitude. The rounding moves an encoded vector of D coordinates by at most
 ``√D·2^-31``, so both sensitivities carry a pad of ``√D·2^-30``.
 
-Budget split (spec §2.4: each tree ``(ε/2, δ/2)`` by basic composition): the
+Budget split (regression.md R-2 to R-5: each tree ``(ε/2, δ/2)`` by basic composition): the
 default ``split="zcdp"`` gives each counter half of the zCDP budget
 ``ρ = ρ(ε, δ)`` (or, with ``calibration="analytic"``, half of μ² for the
 μ-GDP Gaussian mechanism that is exactly (ε, δ)-DP), by calibrating each at
 (ε, δ) for ``√2`` times its sensitivity. Gaussian mechanisms compose exactly in
 ρ (and in μ²), so the pair is (ε, δ)-DP with noise ``√2·Δ_i/√(2ρ)`` per
-counter, against ``Δ_i/√(2ρ(ε/2, δ/2))`` for the spec's split (about 1.4 times
-more noise at ε = 1, δ = 10⁻⁶). ``split="basic"`` is the spec's.
+counter, against ``Δ_i/√(2ρ(ε/2, δ/2))`` for the paper's split (about 1.4 times
+more noise at ε = 1, δ = 10⁻⁶). ``split="basic"`` is the paper's.
 
 Example (a test seed; production leaves ``rng=None``):
 
@@ -61,14 +61,16 @@ from __future__ import annotations
 
 import functools
 import math
-import numbers
-from typing import Optional, Tuple
+from typing import Any, Dict, Optional, Tuple
 
 import numpy as np
+from numpy.typing import ArrayLike
 
+from ...accounting.cost import Cost
 from ..calibration import CALIBRATIONS, gaussian_sigma, rho_from_eps_delta
-from ..noise import make_noise
-from ..registry import get_mechanism
+from ..checks import check_int
+from ..noise import RngLike, make_noise
+from ..counting.registry import get_mechanism
 
 __all__ = [
     "COUNTERS",
@@ -111,7 +113,7 @@ def _triu(d: int):
     return rows, cols, weights
 
 
-def svec(matrix) -> np.ndarray:
+def svec(matrix: ArrayLike) -> np.ndarray:
     """Upper triangle of a symmetric matrix, off-diagonal entries times √2 (row-major).
 
     ``‖svec(M)‖₂ = ‖M‖_F`` for symmetric M.
@@ -121,7 +123,7 @@ def svec(matrix) -> np.ndarray:
     return matrix[rows, cols] * weights
 
 
-def smat(vector, d: int) -> np.ndarray:
+def smat(vector: ArrayLike, d: int) -> np.ndarray:
     """The symmetric d×d matrix of :func:`svec` output (inverse of :func:`svec`)."""
     rows, cols, weights = _triu(d)
     vector = np.asarray(vector, dtype=np.float64)
@@ -134,17 +136,17 @@ def smat(vector, d: int) -> np.ndarray:
     return out
 
 
-def upper_triangle(matrix) -> np.ndarray:
+def upper_triangle(matrix: ArrayLike) -> np.ndarray:
     """The plain upper triangle (weight 1 everywhere), for the sensitivity comparison only."""
     matrix = np.asarray(matrix, dtype=np.float64)
     rows, cols, _ = _triu(matrix.shape[0])
     return matrix[rows, cols].copy()
 
 
-def clip_point(x, y) -> Tuple[np.ndarray, float, bool]:
+def clip_point(x: ArrayLike, y: float) -> Tuple[np.ndarray, float, bool]:
     """``(x, y, clipped)``: x scaled down to ``‖x‖₂ <= 1`` and y clamped to [−1, 1].
 
-    The bounds are public constants (spec §2.1: ‖x‖ <= 1, |y| <= 1), never read
+    The bounds are public constants (regression.md R-1: ‖x‖ <= 1, |y| <= 1), never read
     from the data; ``clipped`` tells whether either moved. x and y must be finite.
     """
     x = np.asarray(x, dtype=np.float64)
@@ -166,7 +168,7 @@ def _round(values: np.ndarray) -> np.ndarray:
     return np.ldexp(np.round(np.ldexp(values, -POINT_GRID_EXPONENT)), POINT_GRID_EXPONENT)
 
 
-def encode_point(z, y) -> Tuple[np.ndarray, np.ndarray]:
+def encode_point(z: ArrayLike, y: float) -> Tuple[np.ndarray, np.ndarray]:
     """``(svec(zzᵀ), z·y)`` of one clipped point, each coordinate on the 2^-30 grid.
 
     z is the (clipped) feature vector, or its clipped projection u in PrivIncReg2.
@@ -176,7 +178,7 @@ def encode_point(z, y) -> Tuple[np.ndarray, np.ndarray]:
     return _round(z[rows] * z[cols] * weights), _round(z * float(y))
 
 
-def encode_points(Z, y) -> Tuple[np.ndarray, np.ndarray]:
+def encode_points(Z: ArrayLike, y: ArrayLike) -> Tuple[np.ndarray, np.ndarray]:
     """``(Σ svec(z zᵀ), Σ z·y)`` over the rows z of Z: the sums of :func:`encode_point`, in one pass.
 
     The same bits as adding the points' encodings one by one in any order:
@@ -207,24 +209,18 @@ def xy_sensitivity(d: int) -> float:
 
 
 def treemech_sigma(sensitivity: float, horizon: int, epsilon: float, delta: float) -> float:
-    """The spec's TreeMech σ (§2.3 [RECON]): ``Δ·√h·√(2 ln(1.25/δ))/ε`` with ``h = ⌊log2 T⌋ + 1``.
+    """The paper's TreeMech σ (R-5, as we reconstructed it): ``Δ·√h·√(2 ln(1.25/δ))/ε`` with ``h = ⌊log2 T⌋ + 1``.
 
     The classic Gaussian mechanism on the joint node vector (sensitivity Δ√h).
     The counters here calibrate the same joint sensitivity by zCDP (about 0.1 %
     above this at ε = 0.5, δ = 5·10⁻⁷) or the analytic Gaussian (below it);
-    kept to check the spec's numbers (§4.5 item 26).
+    kept to check the paper's numbers (R-5).
 
     >>> round(treemech_sigma(2.0, 1024, 0.5, 5e-7), 4)
     72.0111
     """
     levels = int(math.floor(math.log2(horizon))) + 1
     return sensitivity * math.sqrt(levels) * math.sqrt(2.0 * math.log(1.25 / delta)) / epsilon
-
-
-def _int(name, value, minimum=1):
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
-        raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
-    return int(value)
 
 
 class NoisyMoments:
@@ -239,8 +235,9 @@ class NoisyMoments:
     """
 
     def __init__(self, dim: int, epsilon: float, delta: float, horizon: Optional[int] = None,
-                 counter: str = "blt", calibration: str = "zcdp", split: str = "zcdp", rng=None):
-        self.dim = _int("dim", dim)
+                 counter: str = "blt", calibration: str = "zcdp", split: str = "zcdp",
+                 rng: RngLike = None) -> None:
+        self.dim = check_int("dim", dim)
         if counter not in COUNTERS:
             raise ValueError(f"counter must be one of {COUNTERS}, got {counter!r}")
         if calibration not in CALIBRATIONS:
@@ -262,7 +259,7 @@ class NoisyMoments:
         at pipeline time."""
         if self.counter != "blt" or self.horizon is None:
             return self.horizon
-        from ..blt_table import BLT_TABLE
+        from ..counting.blt_table import BLT_TABLE
 
         larger = [h for h in BLT_TABLE if h >= self.horizon]
         return min(larger) if larger else self.horizon
@@ -281,7 +278,7 @@ class NoisyMoments:
     def t(self) -> int:
         return self._gram.t
 
-    def step(self, gram, xy) -> Tuple[np.ndarray, np.ndarray]:
+    def step(self, gram: ArrayLike, xy: ArrayLike) -> Tuple[np.ndarray, np.ndarray]:
         """Add one step's sums; return the noisy ``(Q_t, q_t)`` through it."""
         Q = self._gram.step(np.asarray(gram, dtype=np.float64))
         q = self._xy.step(np.asarray(xy, dtype=np.float64))
@@ -300,8 +297,9 @@ class NoisyMoments:
         """
         return float(self._gram.noise_std(t)), float(self._xy.noise_std(t))
 
-    def privacy_cost(self) -> dict:
-        """``{"epsilon", "delta", "rho"}`` of the pair for the whole output sequence."""
+    def privacy_cost(self) -> Cost:
+        """The cost of the pair for the whole output sequence: ρ-zCDP, stated at the (ε, δ) the
+        counters were calibrated to."""
         if self.split == "basic":
             rho = self._gram.rho + self._xy.rho
         elif self.calibration == "zcdp":
@@ -311,7 +309,7 @@ class NoisyMoments:
             # together μ, i.e. exactly (ε, δ)-DP, and μ²/2-zCDP.
             unit = gaussian_sigma(1.0, self.epsilon, self.delta, "analytic")
             rho = 1.0 / (2.0 * unit * unit)
-        return {"epsilon": float(self.epsilon), "delta": float(self.delta), "rho": float(rho)}
+        return Cost.gaussian(float(rho), float(self.delta), epsilon=float(self.epsilon))
 
     def state_size(self) -> int:
         """Floats held: the two counters' states (BLT: at most 11·D each, 12·D unbounded; tree: h·D)."""
@@ -320,13 +318,13 @@ class NoisyMoments:
     def to_state(self) -> dict:
         return {"gram": self._gram.to_state(), "xy": self._xy.to_state()}
 
-    def set_noise_source(self, rng) -> None:
+    def set_noise_source(self, rng: RngLike) -> None:
         """Draw all later noise from ``rng``: ``load_state(to_state(), rng)`` without the round trip."""
         self.source = make_noise(rng)
         self._gram.set_noise_source(self.source)
         self._xy.set_noise_source(self.source)
 
-    def load_state(self, state, rng=None) -> None:
+    def load_state(self, state: Dict[str, Any], rng: RngLike = None) -> None:
         """Restore the counters from :meth:`to_state` output, drawing from ``rng`` next."""
         self.source = make_noise(rng)
         cls = get_mechanism(self.counter)

@@ -1,20 +1,20 @@
 """Solvers of the noisy least-squares problem: NoisyProjGrad, an exact QP, and the lift.
 
 Everything here is post-processing of the released noisy moments (Q_t, q_t):
-it costs no privacy, whatever it computes (spec
-private_erm_and_incremental_regression.md §2.4 [CHOICE], §2.5, §2.6).
+it costs no privacy, whatever it computes (``docs/privacy/regression.md``
+R-9; the solver is our choice among post-processings, and R-7's lift is one too).
 
 * :func:`noisy_proj_grad` — Algorithm NoisyProjGrad of seed 002
-  (``shared/seeds/002_e2567d933c03fbbd.txt``, App. B): projected gradient
+  (arXiv:1701.01093, App. B): projected gradient
   with a constant step and the averaged iterate. :func:`npg_schedule` gives
-  the spec's ``r_t = ⌈((L_t + α_t)/α_t)²⌉`` and ``η_t = 2‖C‖/((L_t + α_t)√r_t)``
-  (Cor. B.2, [DERIVED]), :func:`gradient_error_bound` the α_t of §2.4.
+  the ``r_t = ⌈((L_t + α_t)/α_t)²⌉`` and ``η_t = 2‖C‖/((L_t + α_t)√r_t)``
+  that we derived from Cor. B.2 of the paper, :func:`gradient_error_bound` the α_t of R-2 to R-5.
 * :func:`solve_quadratic` — the exact minimiser of ``θᵀQθ − 2qᵀθ`` over C
-  after projecting Q onto the PSD cone (spec §5.21: the noisy Q is not PSD):
+  after projecting Q onto the PSD cone (regression.md R-9: the noisy Q is not PSD):
   the trust-region subproblem solved through the eigendecomposition (L2
   ball), or accelerated projected gradient to a certified tolerance followed
   by a Newton step on the active face (L1 ball).
-* :func:`lift` — PrivIncReg2's lift back into C (§2.6): the preimage of
+* :func:`lift` — PrivIncReg2's lift back into C (R-7): the preimage of
   ``Φθ = target`` of least Minkowski norm: minimum L2 norm (L2 ball) or basis
   pursuit with ``scipy.optimize.linprog`` (L1 ball).
 
@@ -35,6 +35,7 @@ import math
 from typing import Callable, Optional, Tuple
 
 import numpy as np
+from numpy.typing import ArrayLike
 from scipy import optimize
 
 from .constraints import Constraint, L1Ball, L2Ball
@@ -50,14 +51,14 @@ __all__ = [
 ]
 
 
-def psd_part(matrix) -> np.ndarray:
+def psd_part(matrix: ArrayLike) -> np.ndarray:
     """The nearest PSD matrix (Frobenius) to the symmetric part of ``matrix``: eigenvalues clipped at 0."""
     sym = 0.5 * (np.asarray(matrix, dtype=np.float64) + np.asarray(matrix, dtype=np.float64).T)
     lam, vec = np.linalg.eigh(sym)
     return (vec * np.maximum(lam, 0.0)) @ vec.T
 
 
-def quadratic_value(Q, q, theta) -> float:
+def quadratic_value(Q: ArrayLike, q: ArrayLike, theta: ArrayLike) -> float:
     """``θᵀQθ − 2qᵀθ`` (the loss J minus the constant Σy²)."""
     theta = np.asarray(theta, dtype=np.float64)
     return float(theta @ (Q @ theta) - 2.0 * (q @ theta))
@@ -65,12 +66,12 @@ def quadratic_value(Q, q, theta) -> float:
 
 def npg_schedule(n: int, radius: float, alpha: float, max_iterations: Optional[int] = None,
                  lipschitz: Optional[float] = None) -> Tuple[int, float]:
-    """``(r, η)`` of NoisyProjGrad at a prefix of n records (spec §2.5, Cor. B.2 [DERIVED]).
+    """``(r, η)`` of NoisyProjGrad at a prefix of n records (regression.md R-9; derived by us from Cor. B.2).
 
     ``L = 2n(‖C‖ + 1)`` bounds the gradient of the sum loss on C (‖x‖, |y| <= 1),
     ``r = ⌈((L + α)/α)²⌉``, ``η = 2‖C‖/((L + α)√r)``; then the averaged iterate
     is within ``2‖C‖(L + α)/√r + 2α‖C‖ <= 4α‖C‖`` of the optimum (Prop. B.1).
-    ``max_iterations`` caps r (r grows like n²; spec §5.26): η is then set by
+    ``max_iterations`` caps r (r grows like n²; regression.md R-9): η is then set by
     the same formula for the capped r, and Prop. B.1 still bounds the excess by
     ``2‖C‖(L + α)/√r + 2α‖C‖``. Public: n is the (public) record count.
     ``lipschitz`` replaces L (PrivIncReg2's objective over C has its own).
@@ -87,7 +88,8 @@ def npg_schedule(n: int, radius: float, alpha: float, max_iterations: Optional[i
 def gradient_error_bound(std_gram: float, std_xy: float, d: int, radius: float, t: int,
                          horizon: Optional[int], beta: float, gram_scale: float = 1.0,
                          xy_scale: float = 1.0) -> float:
-    """α_t with ``‖g_t(θ) − ∇J(θ)‖ <= α_t`` for all θ ∈ C, w.p. >= 1 − β over all t (spec §2.4).
+    """α_t with ``‖g_t(θ) − ∇J(θ)‖ <= α_t`` for all θ ∈ C, w.p. >= 1 − β over all t
+    (regression.md R-2 to R-5).
 
     ``α_t = 2(‖N_Q‖·‖C‖ + ‖N_q‖)`` with, for the Gaussian noises of the
     release at step t (std ``std_gram`` per svec coordinate, ``std_xy`` per
@@ -178,10 +180,16 @@ def _l1_qp(Q, q, ball: L1Ball, theta0=None, tol=1e-10, max_iter=20000) -> Tuple[
     result exact when the support is right.
     """
     d = q.size
+    theta = ball.project(np.zeros(d) if theta0 is None else np.asarray(theta0, dtype=np.float64))
+    theta, value, it = _l1_fista(Q, q, ball, theta, tol, max_iter)
+    return _l1_polish(Q, q, ball, theta, value), it
+
+
+def _l1_fista(Q, q, ball: L1Ball, theta, tol, max_iter) -> Tuple[np.ndarray, float, int]:
+    """``(θ, f(θ), iterations)`` of FISTA with restarts from the feasible θ (:func:`_l1_qp`)."""
     # Any L >= 2λ_max is a valid step bound; the floor 2‖q‖/radius keeps a nearly
     # linear objective's first step within a few radii (no cancellation in Π_C).
     lip = max(2.0 * float(np.linalg.eigvalsh(Q).max()), 2.0 * float(np.linalg.norm(q)) / ball.radius, 1e-300)
-    theta = ball.project(np.zeros(d) if theta0 is None else np.asarray(theta0, dtype=np.float64))
     y, t_k = theta.copy(), 1.0
     f_old = quadratic_value(Q, q, theta)
     # Float evaluation of the gradient mapping cannot go much below this.
@@ -203,6 +211,13 @@ def _l1_qp(Q, q, ball: L1Ball, theta0=None, tol=1e-10, max_iter=20000) -> Tuple[
         mapping = lip * np.linalg.norm(theta - ball.project(theta - 2.0 * (Q @ theta - q) / lip))
         if mapping <= threshold:
             break
+    return theta, f_old, it
+
+
+def _l1_polish(Q, q, ball: L1Ball, theta, value) -> np.ndarray:
+    """The projected-Newton polish of :func:`_l1_qp`: the KKT solution on θ's support where it
+    is feasible, keeps the signs and does not raise the objective ``value`` of θ."""
+    d = q.size
     support = np.abs(theta) > 1e-12 * max(1.0, ball.radius)
     if support.any():
         signs = np.sign(theta[support])
@@ -213,7 +228,7 @@ def _l1_qp(Q, q, ball: L1Ball, theta0=None, tol=1e-10, max_iter=20000) -> Tuple[
         kkt[:k, k] = signs
         kkt[k, :k] = signs
         systems = ((Qs, qs, None), (kkt, np.concatenate([2.0 * qs, [ball.radius]]), k))
-        best, best_value = theta, f_old
+        best, best_value = theta, value
         for matrix, rhs, keep in systems:  # interior stationary point, then the active face
             try:
                 sol = np.linalg.solve(matrix, rhs)
@@ -223,14 +238,15 @@ def _l1_qp(Q, q, ball: L1Ball, theta0=None, tol=1e-10, max_iter=20000) -> Tuple[
             candidate[support] = sol if keep is None else sol[:keep]
             if (np.all(np.isfinite(candidate)) and np.all(np.sign(candidate[support]) == signs)
                     and np.abs(candidate).sum() <= ball.radius * (1.0 + 1e-12)):
-                value = quadratic_value(Q, q, candidate)
-                if value <= best_value:
-                    best, best_value = candidate, value
+                candidate_value = quadratic_value(Q, q, candidate)
+                if candidate_value <= best_value:
+                    best, best_value = candidate, candidate_value
         theta = ball.project(best)
-    return theta, it
+    return theta
 
 
-def solve_quadratic(Q, q, constraint: Constraint, theta0=None, psd: bool = True) -> Tuple[np.ndarray, int]:
+def solve_quadratic(Q: ArrayLike, q: ArrayLike, constraint: Constraint,
+                    theta0: Optional[ArrayLike] = None, psd: bool = True) -> Tuple[np.ndarray, int]:
     """``(θ, work)``: the minimiser over C of ``θᵀQ₊θ − 2qᵀθ``, Q₊ the PSD part of Q.
 
     ``work`` counts bisection evaluations (L2) or FISTA iterations (L1). With
@@ -248,8 +264,8 @@ def solve_quadratic(Q, q, constraint: Constraint, theta0=None, psd: bool = True)
     return constraint.project(theta), work
 
 
-def lift(phi, target, constraint: Constraint) -> np.ndarray:
-    """``argmin ‖θ‖_C subject to Φθ = target`` (PrivIncReg2's lift, spec §2.6).
+def lift(phi: ArrayLike, target: ArrayLike, constraint: Constraint) -> np.ndarray:
+    """``argmin ‖θ‖_C subject to Φθ = target`` (PrivIncReg2's lift, regression.md R-7).
 
     L2 ball: the minimum-norm solution ``Φᵀ(ΦΦᵀ)⁻¹·target`` (by least squares,
     which is that when Φ has full row rank). L1 ball: basis pursuit, the LP

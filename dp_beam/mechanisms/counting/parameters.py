@@ -1,0 +1,187 @@
+"""The constructor parameters every continual counter shares, checked once.
+
+All counters of this package take ``(epsilon, sensitivity, horizon, noise,
+delta, dim, rng, calibration)`` and state the same privacy cost for them
+(``docs/privacy/counting.md``, C-4, C-5): the checks, the ρ-zCDP that the
+parameters buy, and the common start of ``from_state`` live here so that the
+tree and the factorisation mechanisms cannot drift apart.
+"""
+
+import math
+import numbers
+from typing import Any, Optional, Sequence, Tuple
+
+import numpy as np
+
+from ...accounting.cost import Cost
+from ..calibration import CALIBRATIONS, gaussian_sigma, rho_from_eps, rho_from_eps_delta
+
+__all__ = [
+    "NOISE_KINDS",
+    "check_calibration",
+    "check_delta",
+    "check_dim",
+    "check_epsilon",
+    "check_horizon",
+    "check_input",
+    "check_noise",
+    "check_sensitivity",
+    "privacy_cost",
+    "restore_parameters",
+    "zcdp_rho",
+]
+
+NOISE_KINDS = ("laplace", "gaussian")
+
+
+def check_epsilon(epsilon: Any) -> float:
+    """ε as a float; a finite number > 0."""
+    if isinstance(epsilon, bool) or not isinstance(epsilon, numbers.Real):
+        raise ValueError(f"epsilon must be a finite number > 0, got {epsilon!r}")
+    epsilon = float(epsilon)
+    if not math.isfinite(epsilon) or epsilon <= 0:
+        raise ValueError(f"epsilon must be a finite number > 0, got {epsilon!r}")
+    return epsilon
+
+
+def check_sensitivity(sensitivity: Any) -> float:
+    """Δ as a float; a finite number >= 0."""
+    if isinstance(sensitivity, bool) or not isinstance(sensitivity, numbers.Real):
+        raise ValueError(f"sensitivity must be a finite number >= 0, got {sensitivity!r}")
+    sensitivity = float(sensitivity)
+    if not math.isfinite(sensitivity) or sensitivity < 0:
+        raise ValueError(f"sensitivity must be a finite number >= 0, got {sensitivity!r}")
+    return sensitivity
+
+
+def check_horizon(horizon: Any) -> Optional[int]:
+    """The horizon T as an int >= 1, or None for an unbounded stream."""
+    if horizon is None:
+        return None
+    if isinstance(horizon, bool) or not isinstance(horizon, numbers.Integral) or horizon < 1:
+        raise ValueError(f"horizon must be an int >= 1 or None, got {horizon!r}")
+    return int(horizon)
+
+
+def check_noise(noise: Any) -> str:
+    """One of :data:`NOISE_KINDS`."""
+    if noise not in NOISE_KINDS:
+        raise ValueError(f"noise must be one of {NOISE_KINDS}, got {noise!r}")
+    return noise
+
+
+def check_calibration(calibration: Any) -> str:
+    """One of :data:`~dp_beam.mechanisms.calibration.CALIBRATIONS`."""
+    if calibration not in CALIBRATIONS:
+        raise ValueError(f"calibration must be one of {CALIBRATIONS}, got {calibration!r}")
+    return calibration
+
+
+def check_delta(delta: Any, noise: str) -> Optional[float]:
+    """δ for the noise: None (or 0, read as None) for Laplace, a float in (0, 1) for Gaussian."""
+    if noise == "laplace":
+        if delta is None:
+            return None
+        if isinstance(delta, numbers.Real) and not isinstance(delta, bool) and float(delta) == 0.0:
+            return None
+        raise ValueError(f"delta must be None or 0 for Laplace noise (pure epsilon-DP), got {delta!r}")
+    if isinstance(delta, bool) or not isinstance(delta, numbers.Real):
+        raise ValueError(f"delta must be a number in (0, 1) for Gaussian noise, got {delta!r}")
+    delta = float(delta)
+    if not 0.0 < delta < 1.0:
+        raise ValueError(f"delta must be a number in (0, 1) for Gaussian noise, got {delta!r}")
+    return delta
+
+
+def check_dim(dim: Any) -> int:
+    """The input vector length as an int >= 1."""
+    if isinstance(dim, bool) or not isinstance(dim, numbers.Integral) or dim < 1:
+        raise ValueError(f"dim must be an int >= 1, got {dim!r}")
+    return int(dim)
+
+
+def check_input(x: Any, dim: int) -> np.ndarray:
+    """One step's input as a finite float array of shape ``(dim,)``."""
+    if type(x) is float and dim == 1:
+        # The common case (a step total), without NumPy's parsing.
+        if not math.isfinite(x):
+            raise ValueError(f"x must be finite, got {x!r}")
+        return np.array([x])
+    if isinstance(x, (str, bytes)):
+        # NumPy would parse "3" as 3.0; a string is a caller bug here.
+        raise ValueError(f"x must be a number or an array of {dim} numbers, got {x!r}")
+    try:
+        arr = np.asarray(x, dtype=np.float64)
+    except (TypeError, ValueError):
+        raise ValueError(f"x must be a number or an array of {dim} numbers, got {x!r}") from None
+    if dim == 1 and arr.shape in ((), (1,)):
+        arr = arr.reshape(1)
+    elif arr.shape != (dim,):
+        raise ValueError(f"x must have shape ({dim},), got shape {arr.shape}")
+    if not np.all(np.isfinite(arr)):
+        raise ValueError(f"x must be finite, got {x!r}")
+    return arr
+
+
+def zcdp_rho(noise: str, calibration: str, epsilon: float, delta: Optional[float]) -> float:
+    """ρ such that the whole output sequence of a counter is ρ-zCDP (C-4, C-5).
+
+    Laplace: ε²/2 (pure ε-DP implies it). Gaussian ``"zcdp"``: the ρ the
+    (ε, δ) target was converted to. Gaussian ``"analytic"``: a Gaussian
+    mechanism with L2 sensitivity s and std σ is s²/(2σ²)-zCDP; σ is
+    proportional to s, so the ratio is the same for every tree depth or
+    column norm and equals that of the unit-sensitivity σ.
+    """
+    if noise == "laplace":
+        return rho_from_eps(epsilon)
+    if calibration == "zcdp":
+        return rho_from_eps_delta(epsilon, delta)
+    unit_sigma = gaussian_sigma(1.0, epsilon, delta, "analytic")
+    return 1.0 / (2.0 * unit_sigma * unit_sigma)
+
+
+def privacy_cost(epsilon: float, delta: Optional[float], rho: float) -> Cost:
+    """The cost of a counter's whole output sequence (C-4 to C-6).
+
+    Laplace (``delta`` None) is ε-DP, hence ε²/2-zCDP; Gaussian is ρ-zCDP
+    and (ε, δ)-DP with the ε the noise was calibrated to, which the caller
+    passes (not re-derived from ρ: the analytic calibration reaches ε with
+    a smaller σ than the zCDP conversion would).
+    """
+    if delta is None:
+        return Cost.laplace(epsilon)
+    return Cost.gaussian(rho, delta, epsilon=epsilon)
+
+
+def restore_parameters(cls: type, state: Any, rng: Any, fields: Sequence[str]) -> Tuple[Any, int, list]:
+    """The common start of a continual mechanism's ``from_state``.
+
+    Checks the state's type, mechanism name and version, rebuilds ``cls``
+    from the constructor parameters the state stores (so every parameter is
+    validated again), and returns ``(mechanism, t, [state[f] for f in fields])``
+    with the step count ``t`` checked.
+    """
+    if not isinstance(state, dict):
+        raise ValueError(f"state must be a dict, got {type(state).__name__}")
+    if state.get("mechanism") != cls.name:
+        raise ValueError(f"state is not a {cls.name!r} state: mechanism={state.get('mechanism')!r}")
+    if state.get("version") != cls.STATE_VERSION:
+        raise ValueError(f"unsupported state version {state.get('version')!r}, expected {cls.STATE_VERSION}")
+    try:
+        mech = cls(
+            epsilon=state["epsilon"],
+            sensitivity=state["sensitivity"],
+            horizon=state["horizon"],
+            noise=state["noise"],
+            delta=state["delta"],
+            dim=state["dim"],
+            rng=rng,
+            calibration=state["calibration"],
+        )
+        t = state["t"]
+        values = [state[name] for name in fields]
+    except KeyError as err:
+        raise ValueError(f"state is missing field {err.args[0]!r}") from None
+    if isinstance(t, bool) or not isinstance(t, numbers.Integral) or t < 0:
+        raise ValueError(f"state t must be an int >= 0, got {t!r}")
+    return mech, int(t), values

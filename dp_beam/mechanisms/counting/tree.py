@@ -1,0 +1,594 @@
+"""The binary (tree) mechanism for continual release of prefix sums.
+
+Chan, Shi, Song 2010 (Alg. 2) and Dwork, Naor, Pitassi, Rothblum 2010, with
+the doubling construction for unbounded streams of
+:mod:`~dp_beam.mechanisms.counting.doubling`. The privacy argument is
+``docs/privacy/counting.md``, C-3 to C-7 and C-9.
+"""
+
+import functools
+import math
+import numbers
+from typing import Any, Dict, List, Optional, Tuple, Union
+
+import numpy as np
+
+from ...accounting.cost import Cost
+from ..calibration import gaussian_sigma, laplace_scale
+from ..checks import check_step_index
+from ..noise import NoiseSource, gaussian_halfwidth, make_noise
+from ..noise_grid import grid_padded_scale, round_to_grid
+from .doubling import epoch_of, epoch_steps, release_intervals, release_levels
+from .intervals import laplace_release_halfwidth
+from .parameters import (
+    NOISE_KINDS,
+    check_calibration,
+    check_delta,
+    check_dim,
+    check_epsilon,
+    check_horizon,
+    check_input,
+    check_noise,
+    check_sensitivity,
+    privacy_cost,
+    restore_parameters,
+    zcdp_rho,
+)
+
+__all__ = ["BinaryTreeMechanism", "NOISE_KINDS"]
+
+
+def _trailing_zeros(c):
+    return (c & -c).bit_length() - 1
+
+
+@functools.lru_cache(maxsize=1024)
+def _node_scale(noise, levels, sensitivity, epsilon, delta, calibration):
+    # Calibrated for the node sensitivity padded by one grid step: with an
+    # exact-grid source every node is rounded to the noise grid before it is
+    # noised (BinaryTreeMechanism._noised). Cached across instances because a
+    # release DoFn restores a fresh mechanism at every step.
+    if noise == "laplace":
+        return grid_padded_scale(sensitivity, lambda s: laplace_scale(levels * s, epsilon))
+    return grid_padded_scale(sensitivity,
+                             lambda s: gaussian_sigma(math.sqrt(levels) * s, epsilon, delta, calibration))
+
+
+class BinaryTreeMechanism:
+    """Noisy running sums (prefix sums) of a stream of scalars or vectors.
+
+    After the t-th :meth:`step` it releases ``Σ_{s<=t} x_s + noise``, where the
+    noise is the sum of the noises of the ``popcount(t)`` dyadic nodes that
+    tile ``[1, t]`` (``docs/privacy/counting.md``, C-3, C-7). Every node
+    draws its noise exactly once, when it is created, and keeps it; reading a
+    release again never draws new noise (AC-4). All releases are
+    post-processing of the vector of noisy nodes, so calibrating that vector
+    covers the whole output sequence (C-4, C-5).
+
+    Parameters
+    ----------
+    epsilon:
+        Privacy parameter ε > 0 of the whole output sequence.
+    sensitivity:
+        Bound Δ on the total change a privacy unit can cause to the input,
+        summed over all steps: ``Σ_t ‖x_t − x'_t‖₁ <= Δ`` for Laplace,
+        ``Σ_t ‖x_t − x'_t‖₂ <= Δ`` for Gaussian. The caller folds the number
+        of records per unit into Δ (C-1, C-2). The nodes of one level cover
+        disjoint steps and each node's change is the sum of the unit's changes
+        at its steps, so one level moves by at most Δ in L1 (resp. in the
+        Euclidean norm, as √(Σ‖·‖²) <= Σ‖·‖); over h levels the node vector
+        moves by at most ``h·Δ`` in L1 and ``√h·Δ`` in L2.
+    horizon:
+        Number of steps T (an int >= 1), giving ``h = T.bit_length()`` levels
+        (C-3); step T+1 raises. ``None`` means an unbounded stream (doubling
+        with complete trees, C-6; :mod:`~dp_beam.mechanisms.counting.doubling`).
+    noise:
+        ``"laplace"``: pure ε-DP, node noise ``Lap(h·Δ/ε)`` (C-4); ``delta``
+        must be None or 0. ``"gaussian"``: (ε, δ)-DP, node noise ``N(0, σ²)``
+        with σ calibrated for the node vector's L2 sensitivity ``√h·Δ`` by
+        :func:`~dp_beam.mechanisms.calibration.gaussian_sigma`.
+    delta:
+        δ in (0, 1), required for Gaussian noise.
+    dim:
+        Length of each input vector (coordinates share nodes but get
+        independent noise; Δ bounds the norm of the whole vector).
+    rng:
+        ``None`` for secure noise (production); an int seed, a NumPy
+        ``Generator`` or a :class:`~dp_beam.mechanisms.noise.NoiseSource` for
+        tests (see :func:`~dp_beam.mechanisms.noise.make_noise`).
+    calibration:
+        For Gaussian noise, ``"zcdp"`` (σ from ρ-zCDP) or ``"analytic"``
+        (Balle & Wang 2018), both C-5. The accountant reads it back
+        from :meth:`to_state`.
+
+    Unbounded streams (C-6)
+        Epoch k covers steps ``2^k … 2^{k+1}−1`` with its own tree of horizon
+        ``2^k``, ``h_k = k+1`` levels and node scale ``(k+1)·Δ/ε`` (Laplace)
+        or σ for L2 sensitivity ``√(k+1)·Δ`` (Gaussian); the release sums the
+        noisy roots of the completed epochs and the current tree's release.
+        Every epoch is calibrated for the whole Δ and no budget is split; the
+        argument is in :mod:`~dp_beam.mechanisms.counting.doubling`.
+
+    State (C-3; not a privacy claim)
+        Chan, Shi and Song's state keeps an exact and a noisy p-sum per level
+        (``2·h`` vectors). Only ``h`` vectors are needed: for each level ``i``
+        the state holds one vector ``v[i]``,
+
+        * if bit i of the count c is 1: the noisy node ``â[i]`` (what releases
+          read);
+        * if bit i of c is 0: the exact sum of the nodes at the set bits below
+          i — the part of the next level-i node already seen (what node
+          creation needs).
+
+        At step c with ``i = ν2(c)`` the bits below i of c−1 are all 1 and bit i
+        is 0, so the new node's exact value is ``x + v[i]``; every 0 bit above i
+        gains x; bits below i become 0 with nothing below them. The exact
+        values of the set-bit nodes are never needed on their own, only these
+        partial sums. A bounded mechanism therefore holds ``h·dim`` floats; an
+        unbounded one at step t holds ``(⌊log2 t⌋ + 2)·dim`` (the current
+        epoch's ``k+1`` levels plus the running sum of noisy roots). The state
+        contains exact partial sums and must be stored like the data it came
+        from; only releases are public.
+
+    Privacy cost: ε-DP (Laplace), or (ε, δ)-DP and ρ-zCDP (Gaussian), for
+    the whole output sequence; :meth:`privacy_cost` states it.
+
+    Exact releases: with the transforms' keyed source
+    (:class:`~dp_beam.mechanisms.noise_key.KeyedNoise`) every node is rounded
+    to the grid of its noise before the noise is added, so the node is the
+    integer output of a discrete Laplace (Gaussian) mechanism times the grid
+    step, computed without floating-point rounding, and a release is its
+    post-processing. Rounding can move a node's sensitivity by one grid step
+    (``<= 2^-29`` of the scale), so node scales are calibrated for ``Δ`` plus
+    that pad (:func:`~dp_beam.mechanisms.noise_grid.grid_padded_scale`, C-9): they
+    exceed ``levels·Δ/ε`` by a relative ``2^-29·scale/Δ`` at most.
+
+    Example (``ZeroNoise`` switches noise off to show the sums; it is not
+    private, and production code leaves ``rng=None``):
+
+    >>> from dp_beam.mechanisms import BinaryTreeMechanism, ZeroNoise
+    >>> m = BinaryTreeMechanism(epsilon=1.0, horizon=8, rng=ZeroNoise())
+    >>> [m.step(x) for x in (1, 2, 3)]
+    [1.0, 3.0, 6.0]
+    >>> m.levels, [round(b, 6) for b in m.noise_scales(3)]   # t = 3 = 0b11: two nodes of Lap(4·1/1)
+    (4, [4.0, 4.0])
+    >>> round(m.noise_std(3), 6)      # √(2·2)·4
+    8.0
+    >>> dict(m.privacy_cost())
+    {'epsilon': 1.0, 'delta': 0.0, 'rho': 0.5}
+    """
+
+    name = "tree"
+    STATE_VERSION = 1
+
+    def __init__(
+        self,
+        epsilon: float,
+        sensitivity: float = 1.0,
+        horizon: Optional[int] = None,
+        noise: str = "laplace",
+        delta: Optional[float] = None,
+        dim: int = 1,
+        rng: Any = None,
+        calibration: str = "zcdp",
+    ) -> None:
+        self._epsilon = check_epsilon(epsilon)
+        self._sensitivity = check_sensitivity(sensitivity)
+        self._horizon = check_horizon(horizon)
+        self._noise = check_noise(noise)
+        self._calibration = check_calibration(calibration)
+        self._delta = check_delta(delta, noise)
+        self._dim = check_dim(dim)
+        self._source = make_noise(rng)
+        self._rho = zcdp_rho(noise, calibration, self._epsilon, self._delta)
+
+        self._scales = {}
+        self._last_scales = None  # (t, scales) of the last noise_scales call
+        self._t = 0
+        if self._horizon is not None:
+            self._nodes = np.zeros((self._horizon.bit_length(), self._dim), dtype=np.float64)
+            self._roots = None
+        else:
+            # The tree of an epoch is allocated by its first step, so that
+            # between epochs only the running sum of roots is held.
+            self._nodes = None
+            self._roots = np.zeros(self._dim, dtype=np.float64)
+
+    # -- validation -----------------------------------------------------------
+
+    def _check_t(self, t):
+        t = check_step_index(t)
+        if self._horizon is not None and t > self._horizon:
+            raise ValueError(f"t must be <= horizon ({self._horizon}), got {t}")
+        return t
+
+    def _check_x(self, x):
+        return check_input(x, self._dim)
+
+    # -- public parameters ----------------------------------------------------
+
+    @property
+    def epsilon(self) -> float:
+        return self._epsilon
+
+    @property
+    def sensitivity(self) -> float:
+        return self._sensitivity
+
+    @property
+    def horizon(self) -> Optional[int]:
+        return self._horizon
+
+    @property
+    def noise(self) -> str:
+        return self._noise
+
+    @property
+    def delta(self) -> Optional[float]:
+        return self._delta
+
+    @property
+    def dim(self) -> int:
+        return self._dim
+
+    @property
+    def calibration(self) -> str:
+        return self._calibration
+
+    @property
+    def noise_source(self) -> NoiseSource:
+        """The :class:`~dp_beam.mechanisms.noise.NoiseSource` nodes draw from."""
+        return self._source
+
+    @property
+    def rho(self) -> float:
+        """ρ such that the whole output sequence is ρ-zCDP (C-4, C-5)."""
+        return self._rho
+
+    @property
+    def t(self) -> int:
+        """Number of steps consumed."""
+        return self._t
+
+    @property
+    def levels(self) -> int:
+        """Tree depth h: ``horizon.bit_length()``, or for an unbounded stream
+        the depth of the epoch tree that holds the current (or, before any
+        step, the first) step."""
+        if self._horizon is not None:
+            return self._horizon.bit_length()
+        return max(self._t, 1).bit_length()
+
+    # -- noise bookkeeping ----------------------------------------------------
+
+    def _node_scale(self, levels):
+        """Scale (Laplace b or Gaussian σ) of a node in a tree of ``levels`` levels (C-4, C-5, C-9)."""
+        scale = self._scales.get(levels)
+        if scale is None:
+            scale = _node_scale(self._noise, levels, self._sensitivity, self._epsilon, self._delta,
+                                self._calibration)
+            self._scales[levels] = scale
+        return scale
+
+    def set_noise_source(self, rng: Any) -> None:
+        """Draw all later noise from ``rng`` (resolved like the constructor's).
+
+        The state is unchanged, so this equals ``from_state(to_state(), rng)``
+        without the round trip; a release DoFn gives every step its own keyed
+        source this way.
+        """
+        self._source = make_noise(rng)
+
+    def _draw(self, scale):
+        if self._noise == "laplace":
+            return self._source.laplace(scale, self._dim)
+        return self._source.gaussian(scale, self._dim)
+
+    def _noised(self, exact, scale):
+        """A node's noisy value: ``exact`` plus one noise vector of ``scale``.
+
+        With an exact-grid source (:class:`~dp_beam.mechanisms.noise_key.KeyedNoise`)
+        the exact value is first rounded to the noise's grid, so the sum is a
+        multiple of the grid computed without rounding (below 2^53 grid
+        steps): the node is the output of the discrete mechanism itself and
+        its low-order bits carry nothing about the data (Mironov 2012).
+        Without the rounding, a value off the grid would show through as the
+        sum's offset from it. The one grid step this can add to the node
+        sensitivity is in the calibration (:meth:`_node_scale`).
+        """
+        if self._source.exact_grid:
+            exact = round_to_grid(exact, scale)
+        return exact + self._draw(scale)
+
+    def release_nodes(self, t: int) -> List[Tuple[int, int, int]]:
+        """Nodes summed in the release at step t, as ``(first, last, level)`` step intervals.
+
+        Bounded: the ``popcount(t)`` nodes ``(i, ⌊t/2^i⌋)`` for the set bits i
+        of t, highest level first (``docs/privacy/counting.md``, C-3). Unbounded:
+        the roots of the completed epochs, then the nodes of the current
+        epoch's tree (C-6). A node is created, and its noise drawn, at step
+        ``last``. The order matches :meth:`noise_scales`. Public: depends
+        only on t (:func:`~dp_beam.mechanisms.counting.doubling.release_intervals`).
+        """
+        return release_intervals(self._check_t(t), self._horizon)
+
+    def noise_scales(self, t: int) -> List[float]:
+        """Scales (Laplace b or Gaussian σ) of the independent noises in the release at step t.
+
+        One entry per node of :meth:`release_nodes` (C-7: the error is a sum
+        of ``popcount`` independent noises; C-6 adds one root per completed
+        epoch). Public: depends only on t and the parameters.
+        """
+        t = self._check_t(t)
+        last = self._last_scales
+        if last is not None and last[0] == t:
+            # A release asks twice per step (noise_std and ci_halfwidth).
+            return list(last[1])
+        scales = [self._node_scale(levels) for levels in release_levels(t, self._horizon)]
+        self._last_scales = (t, tuple(scales))
+        return scales
+
+    def noise_std(self, t: int) -> float:
+        """Standard deviation of each coordinate of the release at step t (1-based).
+
+        Laplace: ``√(Σ 2 b_j²)`` (``√(2·popcount(t))·b`` for a bounded tree);
+        Gaussian: ``√(Σ σ_j²)`` (``σ·√popcount(t)``); C-7.
+        """
+        scales = self.noise_scales(t)
+        factor = 2.0 if self._noise == "laplace" else 1.0
+        return math.sqrt(factor * sum(s * s for s in scales))
+
+    def ci_halfwidth(self, t: int, level: float = 0.95) -> float:
+        """Half-width x with ``P(|noise| <= x) = level`` for each coordinate at step t.
+
+        Exact, not a tail bound: the Laplace case inverts the distribution of
+        the sum of the node noises (:func:`~dp_beam.mechanisms.noise.laplace_sum_halfwidth`),
+        the Gaussian case uses the normal quantile (C-7).
+        """
+        if self._noise == "laplace":
+            return laplace_release_halfwidth(tuple(self.noise_scales(t)), float(level))
+        return gaussian_halfwidth(self.noise_std(t), level)
+
+    def privacy_cost(self) -> Cost:
+        """Privacy of the whole (unbounded or horizon-long) output sequence.
+
+        A :class:`~dp_beam.accounting.cost.Cost` (it reads as
+        ``{"epsilon": ε, "delta": δ (0 for Laplace), "rho": ρ}``): Laplace is
+        ε-DP and hence ε²/2-zCDP; Gaussian is (ε, δ)-DP and ρ-zCDP, ρ as in
+        :attr:`rho` (C-4, C-5). Charged once for the mechanism; reads are free.
+        """
+        return privacy_cost(self._epsilon, self._delta, self._rho)
+
+    def state_size(self) -> int:
+        """Number of floats in the state (class docstring, "State"): ``h·dim`` bounded,
+        ``(⌊log2 t⌋ + 2)·dim`` at most when unbounded."""
+        size = 0 if self._nodes is None else self._nodes.size
+        if self._roots is not None:
+            size += self._roots.size
+        return int(size)
+
+    # -- the mechanism --------------------------------------------------------
+
+    @staticmethod
+    def _tree_sum(nodes, count):
+        levels = np.arange(nodes.shape[0])
+        live = ((count >> levels) & 1).astype(bool)
+        return nodes[live].sum(axis=0)
+
+    def _tree_add(self, nodes, count, x, scale):
+        """Add the count-th element x to a tree (C-3, in the h-vector form of the class docstring)."""
+        i = _trailing_zeros(count)
+        exact = x + nodes[i]
+        # Bits above i are the same in count−1 and count; each open (0) level
+        # there will create a node that contains x. (A loop: the trees are a
+        # few dozen levels at most, and NumPy's index arrays cost more.)
+        for level in range(i + 1, nodes.shape[0]):
+            if not (count >> level) & 1:
+                nodes[level] += x
+        nodes[:i] = 0.0
+        nodes[i] = self._noised(exact, scale)
+
+    def step(self, x: Union[float, np.ndarray]) -> Union[float, np.ndarray]:
+        """Consume the next element x and return the noisy prefix sum through it.
+
+        x is a number (dim 1) or an array of shape ``(dim,)``, finite. Returns
+        a float when ``dim == 1``, else a new array of shape ``(dim,)``.
+        Exactly one node is created per step, so one noise vector is drawn.
+        """
+        arr = self._check_x(x)
+        t = self._t + 1
+        if self._horizon is not None:
+            if t > self._horizon:
+                raise ValueError(f"horizon exceeded: horizon is {self._horizon}, step {t} requested")
+            self._tree_add(self._nodes, t, arr, self._node_scale(self._nodes.shape[0]))
+            self._t = t
+            return self._output(self._tree_sum(self._nodes, t))
+
+        k, count = epoch_of(t)
+        if count == 1:
+            self._nodes = np.zeros((k + 1, self._dim), dtype=np.float64)
+        self._tree_add(self._nodes, count, arr, self._node_scale(k + 1))
+        self._t = t
+        if count == 1 << k:
+            self._close_epoch(k)
+            return self._output(self._roots)
+        return self._output(self._roots + self._tree_sum(self._nodes, count))
+
+    def _close_epoch(self, k):
+        # The epoch's root is its only live node; folding it into the running
+        # sum of roots frees the tree until the next epoch.
+        self._roots = self._roots + self._nodes[k]
+        self._nodes = None
+
+    def _tree_skip(self, nodes, c0, c1, scale):
+        """Move a tree's h-vector state from count c0 to c1 over zero inputs.
+
+        Level i changes only if ``c0 >> i != c1 >> i``. Then, if bit i of c1
+        is set, the live level-i node at c1 was created during the skip; its
+        exact value is the part of it seen by c0, which the state holds at
+        level i when that node began by c0 (``c0 >> i == (c1 >> i) − 1``: bit
+        i of c0 is then 0, so ``nodes[i]`` is that partial sum), and 0 when it
+        lies wholly in the skipped steps. If bit i of c1 is 0, the partial sum
+        of the next level-i node covers skipped steps only: 0. Levels that do
+        not change keep their noisy node or partial sum, exactly as ``step``
+        with zeros would (adding 0 to an open level changes nothing).
+        """
+        for i in range(nodes.shape[0]):
+            a, b = c0 >> i, c1 >> i
+            if a == b:
+                continue
+            if b & 1:
+                partial = nodes[i] if a == b - 1 else 0.0
+                nodes[i] = self._noised(partial, scale)
+            else:
+                nodes[i] = 0.0
+
+    def skip(self, n: int) -> None:
+        """Advance by n steps whose inputs are all zero, drawing O(log t) noises.
+
+        The state afterwards has exactly the distribution it would have after
+        ``n`` calls of ``step(0)``, so every future release does too; only the
+        releases of the skipped steps are not produced. Use: a counter that
+        must be aligned to a public start although its data began later (it
+        is the counter run from the start on zeros).
+
+        Why it is exact: the state holds, per level, either a live noisy node
+        or the exact partial sum of the next node (class docstring, "State").
+        A node created during the skip holds the inputs before the skip that
+        it covers (read from the partial sum) plus one fresh noise of the
+        same scale that ``step`` would have drawn; a level whose next node
+        lies in the skipped steps holds 0. Nodes created and superseded within
+        the skip are read by no later release and are never drawn. Unbounded
+        streams finish each epoch as ``step`` does: its root (partial sum plus
+        noise) is folded into the running sum of roots and the tree freed; an
+        epoch skipped whole contributes one fresh root noise of its scale.
+
+        Draws: at most one per level of each epoch the skip touches, i.e. at
+        most ``h`` (bounded) or ``⌊log2 t⌋ + 1`` plus one root per completed
+        epoch (unbounded), instead of ``n``. Works at any ``t``, before or
+        after steps; ``n = 0`` does nothing. Raises ``ValueError`` if ``n`` is
+        not an int >= 0 or ``t + n`` exceeds the horizon (the state is then
+        unchanged). Returns None; :meth:`current` reads the release at the
+        new ``t``.
+
+        >>> from dp_beam.mechanisms import BinaryTreeMechanism, ZeroNoise
+        >>> m = BinaryTreeMechanism(epsilon=1.0, horizon=16, rng=ZeroNoise())
+        >>> m.step(2.0)
+        2.0
+        >>> m.skip(5)
+        >>> m.t, m.current(), m.step(1.0)
+        (6, 2.0, 3.0)
+        """
+        if isinstance(n, bool) or not isinstance(n, numbers.Integral) or n < 0:
+            raise ValueError(f"n must be an int >= 0, got {n!r}")
+        t1 = self._t + int(n)
+        if self._horizon is None:
+            self._skip_epochs(t1)
+            return None
+        if t1 > self._horizon:
+            raise ValueError(f"horizon exceeded: horizon is {self._horizon}, skip to step {t1} requested")
+        self._tree_skip(self._nodes, self._t, t1, self._node_scale(self._nodes.shape[0]))
+        self._t = t1
+        return None
+
+    def _skip_epochs(self, t1):
+        """:meth:`skip` of an unbounded stream to step t1, one epoch at a time."""
+        t = self._t
+        while t < t1:
+            # Epoch k holds the next step t+1; the skip runs to its end or to t1.
+            k = epoch_of(t + 1)[0]
+            first, last = epoch_steps(k)
+            stop = min(t1, last)
+            if self._nodes is None:
+                self._nodes = np.zeros((k + 1, self._dim), dtype=np.float64)
+            self._tree_skip(self._nodes, t - first + 1, stop - first + 1, self._node_scale(k + 1))
+            if stop == last:
+                self._close_epoch(k)
+            t = stop
+            self._t = t
+
+    def current(self) -> Union[float, np.ndarray]:
+        """The current release, without consuming input.
+
+        Pure post-processing of stored noisy nodes: no noise is drawn and
+        repeated calls return identical values. 0 before the first step.
+        """
+        t = self._t
+        if self._horizon is not None:
+            value = self._tree_sum(self._nodes, t) if t else np.zeros(self._dim)
+        elif self._nodes is None:
+            value = self._roots
+        else:
+            value = self._roots + self._tree_sum(self._nodes, epoch_of(t)[1])
+        return self._output(value)
+
+    def _output(self, value):
+        if self._dim == 1:
+            return float(value[0])
+        return np.array(value, dtype=np.float64, copy=True)
+
+    # -- serialisation --------------------------------------------------------
+
+    def to_state(self) -> Dict[str, Any]:
+        """Plain dict (ints, floats, strings, lists, None) holding everything
+        needed to continue; JSON- and pickle-friendly. The noise source is not
+        included: a restored mechanism gets its own (:meth:`from_state`)."""
+        return {
+            "mechanism": self.name,
+            "version": self.STATE_VERSION,
+            "epsilon": self._epsilon,
+            "sensitivity": self._sensitivity,
+            "horizon": self._horizon,
+            "noise": self._noise,
+            "delta": self._delta,
+            "dim": self._dim,
+            "calibration": self._calibration,
+            "t": self._t,
+            "nodes": None if self._nodes is None else self._nodes.tolist(),
+            "roots": None if self._roots is None else self._roots.tolist(),
+        }
+
+    @classmethod
+    def from_state(cls, state: dict, rng: Any = None) -> "BinaryTreeMechanism":
+        """Rebuild a mechanism from :meth:`to_state` output.
+
+        ``rng`` is resolved like the constructor's (None → secure noise). With
+        a noise source positioned where the original's was, the restored
+        mechanism releases exactly what the original would have.
+        """
+        mech, t, (nodes, roots) = restore_parameters(cls, state, rng, ("nodes", "roots"))
+        dim = mech._dim
+        if mech._horizon is not None:
+            if t > mech._horizon:
+                raise ValueError(f"state t={t} exceeds horizon {mech._horizon}")
+            expected = (mech._horizon.bit_length(), dim)
+            if nodes is None or roots is not None:
+                raise ValueError("state of a bounded tree needs nodes and no roots")
+        else:
+            if roots is None:
+                raise ValueError("state of an unbounded tree needs roots")
+            k = t.bit_length() - 1
+            epoch_done = t == 0 or t == epoch_steps(k)[1]
+            expected = None if epoch_done else (k + 1, dim)
+            if (nodes is None) != (expected is None):
+                raise ValueError(f"state nodes do not match t={t} of an unbounded tree")
+            roots_arr = np.asarray(roots, dtype=np.float64)
+            if roots_arr.shape != (dim,) or not np.all(np.isfinite(roots_arr)):
+                raise ValueError(f"state roots must be {dim} finite floats")
+            mech._roots = roots_arr.copy()
+        if expected is not None:
+            nodes_arr = np.asarray(nodes, dtype=np.float64)
+            if nodes_arr.shape != expected or not np.all(np.isfinite(nodes_arr)):
+                raise ValueError(f"state nodes must be finite floats of shape {expected}")
+            mech._nodes = nodes_arr.copy()
+        else:
+            mech._nodes = None
+        mech._t = t
+        return mech
+
+    def __repr__(self) -> str:
+        return (
+            f"BinaryTreeMechanism(epsilon={self._epsilon!r}, sensitivity={self._sensitivity!r}, "
+            f"horizon={self._horizon!r}, noise={self._noise!r}, delta={self._delta!r}, "
+            f"dim={self._dim!r}, calibration={self._calibration!r}, t={self._t})"
+        )

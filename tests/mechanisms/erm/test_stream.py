@@ -1,0 +1,95 @@
+"""What every ERM stream shares (dp_beam.mechanisms.erm.stream): state round trips, per-point
+pushes, input validation and privacy costs.
+
+Statistical tolerances are derived next to each test; seeds are fixed.
+"""
+
+import json
+
+import numpy as np
+import pytest
+
+from dp_beam.mechanisms.erm import (
+    ContinualERMMechanism,
+    MultiResolutionERMMechanism,
+    SlidingWindowERMMechanism,
+)
+from dp_beam.accounting.cost import Cost
+from dp_beam.mechanisms.calibration import rho_from_eps_delta
+
+from .helpers import UNIT, data
+
+
+@pytest.mark.parametrize("make", [
+    lambda rng: MultiResolutionERMMechanism(1.0, 3, lam=0.5, max_scale=1, rng=rng, **UNIT),
+    lambda rng: ContinualERMMechanism(1.0, 2, 4, lam=0.5, rng=rng, **UNIT),
+    lambda rng: SlidingWindowERMMechanism(1.0, 2, 6, lam=0.5, rng=rng, **UNIT),
+])
+def test_state_round_trip_continues_identically(make):
+    X, y = data(40, seed=11)
+    a = make(np.random.default_rng(5))
+    first = a.extend(X[:21], y[:21])
+    gen = np.random.default_rng(5)
+    b = make(gen)
+    b.extend(X[:21], y[:21])
+    state = json.loads(json.dumps(b.to_state()))
+    c = type(b).from_state(state, rng=gen)     # continue the same seeded stream
+    rest_a = a.extend(X[21:], y[21:])
+    rest_c = c.extend(X[21:], y[21:])
+    assert first and rest_a
+    assert [r.t for r in rest_a] == [r.t for r in rest_c]
+    for r1, r2 in zip(rest_a, rest_c):
+        np.testing.assert_array_equal(r1.params, r2.params)
+        assert r1 == r2
+
+
+def test_push_per_point_equals_step_per_block():
+    X, y = data(12, seed=2)
+    a = SlidingWindowERMMechanism(1.0, 2, 6, lam=0.5, rng=3, **UNIT)
+    b = SlidingWindowERMMechanism(1.0, 2, 6, lam=0.5, rng=3, **UNIT)
+    via_push = [r for i in range(12) for r in a.push(X[i], y[i])]
+    via_step = [r for c in range(6) for r in b.step(X[2 * c:2 * c + 2], y[2 * c:2 * c + 2])]
+    assert len(via_push) == len(via_step) == 4
+    for r1, r2 in zip(via_push, via_step):
+        np.testing.assert_array_equal(r1.params, r2.params)
+
+
+def test_other_configuration_and_input_errors():
+    with pytest.raises(ValueError, match="base_size"):
+        ContinualERMMechanism(1.0, 1024, 1000, lam=1, **UNIT)
+    with pytest.raises(ValueError, match="max_scale"):
+        MultiResolutionERMMechanism(1.0, 8, lam=1, max_scale=-1, **UNIT)
+    stream = ContinualERMMechanism(1.0, 2, 2, lam=1, **UNIT)
+    with pytest.raises(ValueError, match="y"):
+        stream.step(np.zeros((2, 2)), [0, 5])
+    with pytest.raises(ValueError, match="X"):
+        stream.step(np.zeros((2, 3)), [0, 1])
+    with pytest.raises(ValueError, match="X"):
+        stream.step(np.array([[np.nan, 0], [0, 0]]), [0, 1])
+    with pytest.raises(ValueError, match="block_size"):
+        stream.step(np.zeros((3, 2)), [0, 1, 0])
+    with pytest.raises(ValueError, match="state"):
+        SlidingWindowERMMechanism.from_state(stream.to_state())
+
+
+def test_privacy_cost_totals():
+    assert MultiResolutionERMMechanism(0.7, 8, lam=1, **UNIT).privacy_cost() == {
+        "epsilon": 0.7, "delta": 0.0, "rho": pytest.approx(0.245)}
+    assert ContinualERMMechanism(2.0, 8, 8, lam=1, **UNIT).privacy_cost()["epsilon"] == 2.0
+    assert SlidingWindowERMMechanism(1.0, 8, 56, lam=1, **UNIT).privacy_cost()["epsilon"] == 1.0
+
+
+ERM = dict(n_features=2, classes=[0, 1], feature_bound=1.0, lam=0.5)
+
+
+@pytest.mark.parametrize("make", [
+    lambda **kw: ContinualERMMechanism(epsilon=0.7, block_size=2, base_size=4, **ERM, **kw),
+    lambda **kw: SlidingWindowERMMechanism(epsilon=0.7, block_size=2, window=6, **ERM, **kw),
+    lambda **kw: MultiResolutionERMMechanism(epsilon=0.7, block_size=2, **ERM, **kw),
+])
+def test_erm_costs(make):
+    pure = make().privacy_cost()
+    assert isinstance(pure, Cost)
+    assert pure == {"epsilon": 0.7, "delta": 0.0, "rho": 0.5 * 0.7 * 0.7}
+    gauss = make(noise="gaussian", delta=1e-6).privacy_cost()
+    assert gauss == {"epsilon": 0.7, "delta": 1e-6, "rho": rho_from_eps_delta(0.7, 1e-6)}
