@@ -15,6 +15,10 @@ on one runner in one invocation, the cases interleaved and the median of
 * ``sum``: ``ContinualSum`` (values in [0, 4]), sharded;
 * ``mean``: ``ContinualMean`` (tuned preset), sharded, each event's user
   being its key and slot (2 users per key, ``max_users`` = 2 per key);
+* ``erm-d10``, ``erm-d100``: ``ContinualERM`` (logistic, block 8, base 16)
+  on d = 10 or 100 features, per-key path (ERM has no sharded release);
+  the rate counts key-steps (two points each) per second like the others,
+  though a model is released only once per block of 8 points (every 4 steps);
 * ``filled``: a non-private per-key hourly count that also emits the empty
   steps, written as one cheap DoFn after a GroupByKey (what a pipeline
   without DP would run to publish the same table).
@@ -37,7 +41,7 @@ sharded state per key (pickled tree states after ``--steps`` steps) for that
 many keys, computed without Beam.
 
     python benchmarks/scale.py [--keys 10,100,1000] [--steps 72] [--repeats 3]
-        [--cases per-key,sharded,sharded-blt,sum,mean,filled] [--workers 2]
+        [--cases per-key,sharded,sharded-blt,sum,mean,erm-d10,erm-d100,filled] [--workers 2]
         [--rss-keys 100000] [--state-keys 100000]
 """
 
@@ -61,7 +65,7 @@ import dp_beam as dpb  # noqa: E402
 from dp_beam.mechanisms import BinaryTreeMechanism  # noqa: E402
 
 HOUR = 3600.0
-CASES = ("per-key", "sharded", "sharded-blt", "sum", "mean", "filled")
+CASES = ("per-key", "sharded", "sharded-blt", "sum", "mean", "erm-d10", "erm-d100", "filled")
 #: Fixed only so that the multi-process check can compare two runs' values.
 BENCH_KEY = dpb.NoiseKey.from_bytes(bytes(range(32)))
 
@@ -98,6 +102,17 @@ class _Filled(beam.DoFn):
             yield key, step, count
 
 
+class _Features:
+    """Point features for the ERM cases: one of five fixed vectors of norm <= 1 in R^d, by value."""
+
+    def __init__(self, dim):
+        self._vectors = [[((i * 7 + j * 3) % 11 - 5) / (5.0 * dim ** 0.5) for i in range(dim)]
+                         for j in range(5)]
+
+    def __call__(self, event):
+        return self._vectors[int(event[2])]
+
+
 def private_transform(case, keys, steps):
     common = dict(epsilon=1.0, step=HOUR, start=0, end=steps * HOUR, key_fn=lambda e: e[0],
                   keys=[f"k{k}" for k in range(keys)], noise_key=BENCH_KEY)
@@ -113,6 +128,11 @@ def private_transform(case, keys, steps):
         return dpb.ContinualMean(user_fn=lambda e: (e[0], int(e[1] % HOUR) // 60),
                                  value_fn=lambda e: e[2], lower=0.0, upper=4.0,
                                  max_samples_per_user=steps, max_users=2 * keys, **common)
+    if case.startswith("erm-d"):
+        dim = int(case[len("erm-d"):])
+        return dpb.ContinualERM(features_fn=_Features(dim), label_fn=lambda e: int(e[2]) % 2,
+                                classes=(0, 1), n_features=dim, feature_bound=1.0, lam=0.1,
+                                block_size=8, base_size=16, timestamp_fn=lambda e: e[1], **common)
     raise ValueError(f"unknown case {case!r}")
 
 
