@@ -313,27 +313,39 @@ def make_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("jobs", parents=[common, jobs], help="list the jobs of the jobs folder")
     p.set_defaults(func=cmd_jobs)
+    _add_run_parser(sub, [common, jobs])
+    _add_plan_parser(sub, [common, jobs])
+    _add_report_parser(sub, [common])
+    return parser
 
-    job_help = ("a job of the jobs folder (see `dp-beam jobs`) or the path of a job's .py "
-                "file; everything after it goes to the job: its own options and Beam "
-                "pipeline options (`dp-beam run JOB --help` lists the job's)")
-    p = sub.add_parser("run", parents=[common, jobs], help="run a job",
+
+_JOB_HELP = ("a job of the jobs folder (see `dp-beam jobs`) or the path of a job's .py "
+             "file; everything after it goes to the job: its own options and Beam "
+             "pipeline options (`dp-beam run JOB --help` lists the job's)")
+
+
+def _add_run_parser(sub, parents):
+    p = sub.add_parser("run", parents=parents, help="run a job",
                        description="Run a job. Beam options pass through, e.g. --runner "
                                    "PortableRunner --job_endpoint HOST:PORT.")
-    p.add_argument("job", metavar="JOB", help=job_help)
+    p.add_argument("job", metavar="JOB", help=_JOB_HELP)
     p.add_argument("job_args", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
     p.set_defaults(func=cmd_run)
 
-    p = sub.add_parser("plan", parents=[common, jobs],
+
+def _add_plan_parser(sub, parents):
+    p = sub.add_parser("plan", parents=parents,
                        help="print a job's privacy plan; runs nothing",
                        description="Construct a job without running it and print each "
                                    "transform's charge and the total per privacy unit against "
                                    "the budget.")
-    p.add_argument("job", metavar="JOB", help=job_help)
+    p.add_argument("job", metavar="JOB", help=_JOB_HELP)
     p.add_argument("job_args", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
     p.set_defaults(func=cmd_plan)
 
-    p = sub.add_parser("report", parents=[common], help="render a run's outputs as PNG and HTML",
+
+def _add_report_parser(sub, parents):
+    p = sub.add_parser("report", parents=parents, help="render a run's outputs as PNG and HTML",
                        description="Read releases*.jsonl (or models*.jsonl), ledger*.jsonl and "
                                    "report*.jsonl of OUT_DIR and write report.png and a "
                                    "self-contained report.html (the PNG embedded).")
@@ -352,7 +364,6 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-streams", type=int, default=12,
                    help="plot at most this many streams (default 12)")
     p.set_defaults(func=cmd_report)
-    return parser
 
 
 def _pop_verbose(job_args):

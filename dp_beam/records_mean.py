@@ -1,4 +1,4 @@
-"""The release record of ``ContinualMean`` (spec withhold_release_and_composition.md §2.9).
+"""The release record of ``ContinualMean`` (docs/privacy/mean.md, M-7).
 
 Kept apart from :mod:`dp_beam.records` so that the shared schemas stay
 unchanged; it follows the same conventions (NamedTuple, epoch seconds,
@@ -14,14 +14,14 @@ class MeanRelease(NamedTuple):
     """One release of a continual user-level mean.
 
     ``value`` is the estimate μ̂_t in the caller's units (a float, or a list
-    for vector values); ``diverse`` the public diversity flag Div(t) (§2.9
-    Definition 3.3): the accuracy guarantee of Theorem 3.4 applies only when it
+    for vector values); ``diverse`` the public diversity flag Div(t)
+    (Definition 3.3 of arXiv:2212.09980): the accuracy guarantee of Theorem 3.4 applies only when it
     is true. ``noise_std``/``ci95`` describe the noise in ``value`` (exact for
     ``neighbours="values"``; a first-order approximation under
     ``"participation"``, whose denominator is noisy too). ``denominator`` is
     N_t, the samples the estimate represents (noisy under participation);
     ``active_levels`` the levels ℓ whose tree B_ℓ is in the estimate.
-    For d-dimensional values (spec §3.3) ``value``, ``noise_std`` and ``ci95``
+    For d-dimensional values (M-4, M-6) ``value``, ``noise_std`` and ``ci95``
     are lists of d floats, one per coordinate. ``key`` is the stream's key
     (``None`` without ``key_fn``).
 

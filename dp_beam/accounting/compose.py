@@ -172,44 +172,52 @@ def compose(entries: Iterable[LedgerEntry], budget: Optional[Budget] = None,
     units = [u for u in UNITS if u == "event" or any(e.unit == u for e in per.values())]
     relations = totals_of(entries, budget)
     budgeted = budget_relation(budget, entries) if budget is not None else None
+    return [_total(entries, per, unit, relation, group, events_per_user,
+                   budget if relation == budgeted else None)
+            for unit in units for relation in relations]
+
+
+def _total(entries, per, unit, relation, group, events_per_user, budget):
+    """The report of the ``(unit, relation)`` total, with the notes that qualify it."""
     event_level = [e for e in per.values() if e.unit != "user"]
-    reports = []
-    for unit in units:
-        for relation in relations:
-            blocked = [e for e in per.values() if factor(e.relation, relation) is None]
-            notes = [_relation_note(blocked, relation)] if blocked else []
-            group_missing = unit == "user" and bool(event_level) and group is None
-            if blocked or group_missing:
-                charges = None
-            else:
-                charges = list(_charges(per, unit, relation, group).values())
-            if unit == "user" and event_level:
-                names = ", ".join(sorted(e.transform for e in event_level))
-                if group_missing:
-                    notes.append("no user-level bound: event-level transforms " + names
-                                 + " need a declared number of events per user (group privacy)")
-                elif not blocked:
-                    source = ("declared events_per_user" if events_per_user is not None
-                              else "the largest per-user cap of the user-level transforms")
-                    note = (f"event-level transforms {names} counted by group privacy over at "
-                            f"most {group} events per user ({source}); this assumes no user has "
-                            "more events in their input")
-                    if any(e.relation == REPLACE for e in event_level) and relation != VALUES:
-                        note += (", and that replacing a user keeps their number of events "
-                                 "(replace-relation transforms reveal event counts)")
-                    notes.append(note)
-            converted = [e for e in per.values() if factor(e.relation, relation) == 2]
-            if charges is not None and converted:
-                notes.append(_conversion_note(converted, relation))
-            if charges is not None or blocked:
-                included = list(per)
-            else:
-                included = [t for t, e in per.items() if e.unit == unit]
-            lines = tuple(e for e in entries if e.transform in included)
-            reports.append(_report(unit, relation, charges,
-                                   budget if relation == budgeted else None,
-                                   tuple(included), lines, "; ".join(notes)))
-    return reports
+    blocked = [e for e in per.values() if factor(e.relation, relation) is None]
+    notes = [_relation_note(blocked, relation)] if blocked else []
+    group_missing = unit == "user" and bool(event_level) and group is None
+    if blocked or group_missing:
+        charges = None
+    else:
+        charges = list(_charges(per, unit, relation, group).values())
+    if unit == "user" and event_level:
+        notes += _group_notes(event_level, relation, group, group_missing, bool(blocked),
+                              events_per_user)
+    converted = [e for e in per.values() if factor(e.relation, relation) == 2]
+    if charges is not None and converted:
+        notes.append(_conversion_note(converted, relation))
+    if charges is not None or blocked:
+        included = list(per)
+    else:
+        included = [t for t, e in per.items() if e.unit == unit]
+    lines = tuple(e for e in entries if e.transform in included)
+    return _report(unit, relation, charges, budget, tuple(included), lines, "; ".join(notes))
+
+
+def _group_notes(event_level, relation, group, group_missing, blocked, events_per_user):
+    """Why a user-level total with event-level transforms has no bound, or what it assumes."""
+    names = ", ".join(sorted(e.transform for e in event_level))
+    if group_missing:
+        return ["no user-level bound: event-level transforms " + names
+                + " need a declared number of events per user (group privacy)"]
+    if blocked:
+        return []  # the relation note already says why there is no bound
+    source = ("declared events_per_user" if events_per_user is not None
+              else "the largest per-user cap of the user-level transforms")
+    note = (f"event-level transforms {names} counted by group privacy over at "
+            f"most {group} events per user ({source}); this assumes no user has "
+            "more events in their input")
+    if any(e.relation == REPLACE for e in event_level) and relation != VALUES:
+        note += (", and that replacing a user keeps their number of events "
+                 "(replace-relation transforms reveal event counts)")
+    return [note]
 
 
 def group_size(entries: Iterable[LedgerEntry],
@@ -313,20 +321,32 @@ def check_budget(entries: Iterable[LedgerEntry], budget: Budget,
     """
     entries = list(entries)
     relation = budget_relation(budget, entries)
-    blocked = unbounded_by_relation(entries, relation)
-    if blocked:
-        remedies = []
-        for charge_relation in (VALUES, REPLACE):
-            mine = [e for e in blocked if e.relation == charge_relation]
-            if mine:
-                remedies.append(_REMEDY[charge_relation].format(names=_names(mine)))
-        stated = ("is stated for" if getattr(budget, "relation", None) is not None else
-                  "applies to (a budget without relation= does when the plan mixes relations)")
-        raise ValueError(
-            f"budget {budget!r} {stated} {relation!r} neighbours, and the plan has "
-            f"{_relation_note(blocked, relation)}. To fix: " + "; or ".join(remedies))
+    _refuse_unbounded_relation(unbounded_by_relation(entries, relation), budget, relation)
     reports = compose(entries, budget, events_per_user)
     per = per_transform(entries)
+    _refuse_missing_group(per, events_per_user)
+    _refuse_over_budget(reports, per, budget, relation)
+    return reports
+
+
+def _refuse_unbounded_relation(blocked, budget, relation):
+    """Raises when charges give no bound under the budget's relation, naming how to restate."""
+    if not blocked:
+        return
+    remedies = []
+    for charge_relation in (VALUES, REPLACE):
+        mine = [e for e in blocked if e.relation == charge_relation]
+        if mine:
+            remedies.append(_REMEDY[charge_relation].format(names=_names(mine)))
+    stated = ("is stated for" if getattr(budget, "relation", None) is not None else
+              "applies to (a budget without relation= does when the plan mixes relations)")
+    raise ValueError(
+        f"budget {budget!r} {stated} {relation!r} neighbours, and the plan has "
+        f"{_relation_note(blocked, relation)}. To fix: " + "; or ".join(remedies))
+
+
+def _refuse_missing_group(per, events_per_user):
+    """Raises when a user-level total needs group privacy and nothing bounds a user's events."""
     event_level = sorted(t for t, e in per.items() if e.unit != "user")
     user_level = sorted(t for t, e in per.items() if e.unit == "user")
     if user_level and event_level and group_size(per.values(), events_per_user) is None:
@@ -338,6 +358,10 @@ def check_budget(entries: Iterable[LedgerEntry], budget: Budget,
             "Declare it: CombineAccounting(budget, events_per_user=N) "
             "(dp_beam.plan(..., events_per_user=N)), or make the event-level transforms "
             "user-level (privacy_unit=\"user\", max_contributions=N)")
+
+
+def _refuse_over_budget(reports, per, budget, relation):
+    """Raises at the first bounded total under the budget's relation that exceeds it."""
     for r in reports:
         if r.epsilon is None or r.relation != relation:
             continue
@@ -353,4 +377,3 @@ def check_budget(entries: Iterable[LedgerEntry], budget: Budget,
                 f"budget exceeded for privacy unit {r.unit!r} under {relation!r} neighbours: "
                 f"planned epsilon={fmt(r.epsilon)}{tight}, delta={fmt(r.delta)}, "
                 f"rho={fmt(r.rho)} > {budget!r} ({costs})")
-    return reports

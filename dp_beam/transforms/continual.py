@@ -231,6 +231,16 @@ class _ContinualTotal(beam.PTransform):
         self._lower, self._upper = lower, upper
         self._key_fn = key_fn
         self._timestamp_fn = check_callable("timestamp_fn", timestamp_fn)
+        self._set_unit(privacy_unit, user_fn, max_contributions)
+        if mechanism is None:
+            mechanism = default_mechanism(noise, horizon)
+        mechanism_cls = get_mechanism(mechanism)  # raises ValueError naming `mechanism`
+        self._mechanism = mechanism
+        self._set_fanout_and_monotone(hot_key_fanout, monotone, lower)
+        self._plan_mechanism(mechanism_cls, epsilon, horizon, noise, delta, calibration)
+
+    def _set_unit(self, privacy_unit, user_fn, max_contributions):
+        """Checks the privacy unit and, for ``"user"``, its ``user_fn`` and ``max_contributions``."""
         if privacy_unit not in ("event", "user"):
             raise ValueError(f"privacy_unit must be 'event' or 'user', got {privacy_unit!r}")
         self._unit = privacy_unit
@@ -246,10 +256,9 @@ class _ContinualTotal(beam.PTransform):
                                  "privacy_unit='user'")
             self._user_fn = None
         self._max_contributions = max_contributions
-        if mechanism is None:
-            mechanism = default_mechanism(noise, horizon)
-        mechanism_cls = get_mechanism(mechanism)  # raises ValueError naming `mechanism`
-        self._mechanism = mechanism
+
+    def _set_fanout_and_monotone(self, hot_key_fanout, monotone, lower):
+        """Checks ``hot_key_fanout`` and ``monotone`` (which needs ``lower >= 0``)."""
         if hot_key_fanout is not None and (
                 isinstance(hot_key_fanout, bool) or not isinstance(hot_key_fanout, int)
                 or hot_key_fanout < 1):
@@ -262,11 +271,14 @@ class _ContinualTotal(beam.PTransform):
                              f"lower must be >= 0, got lower={lower!r}")
         self._monotone = monotone
 
+    def _plan_mechanism(self, mechanism_cls, epsilon, horizon, noise, delta, calibration):
+        """The sensitivity per unit, the mechanism's arguments and its privacy cost."""
         per_event = self._per_event_bound()
-        contributions = max_contributions if privacy_unit == "user" else 1
+        contributions = self._max_contributions if self._unit == "user" else 1
         # Sums are rounded to a power-of-two grid per step (see TOTAL_GRID_BITS);
         # each step a unit touches may then move by one more grid step.
-        self._grid_exponent = total_grid_exponent(per_event) if value_fn is not None else None
+        self._grid_exponent = (total_grid_exponent(per_event) if self._value_fn is not None
+                               else None)
         if self._grid_exponent is not None:
             per_event += math.ldexp(1.0, self._grid_exponent)
         self._sensitivity = per_event * contributions

@@ -14,7 +14,7 @@ State (design D1.3, per-key state table and its notes): the stream's small state
 (partial block, the O(log t) models it still regularises toward, counters) is
 the one cell rewritten at every firing; every complete block goes once to an
 append-only per-key log, a ``BagState``
-(:class:`~dp_beam.transforms.release.BagLog`), read back only in the firings
+(:class:`~dp_beam.transforms.bag_log.BagLog`), read back only in the firings
 whose models train on older blocks. Blocks that fall out of every future
 training are dropped from the log by a rewrite at most once per as many
 released blocks as it keeps (amortised O(1) per point). So a firing writes
@@ -72,12 +72,9 @@ the production order inject tie-breakers or pass ``id_fn``.
 """
 
 import datetime
-import hashlib
-import math
 from typing import Any, Callable, Dict, Optional, Sequence, Type, Union
 
 import apache_beam as beam
-from apache_beam.metrics import Metrics
 from numpy.typing import ArrayLike
 
 from dp_beam.mechanisms import ZeroNoise
@@ -86,132 +83,22 @@ from dp_beam.mechanisms.noise import NoiseSource
 from dp_beam.mechanisms.noise_key import NoiseKey
 from dp_beam.records import LedgerEntry
 from dp_beam.records_erm import ModelRecord
-from dp_beam.transforms.event_ids import id_key
-from dp_beam.transforms.events import (INVALID, NAMESPACE, TRANSIENT_ERRORS, ValidatingDoFn,
-                                       check_transient_errors)
-from dp_beam.transforms.release import ReleaseSpec, key_label
+from dp_beam.transforms.erm_points import CollectPoints, PreparePoints
+from dp_beam.transforms.events import INVALID, TRANSIENT_ERRORS, check_transient_errors
+from dp_beam.transforms.release_spec import ReleaseSpec, key_label
 from dp_beam.transforms.steps import per_step
-from dp_beam.transforms.stream_keys import KV
 from dp_beam.transforms.streams import (private_keys, release_streams, set_release_options,
                                         validation)
 
 NEIGHBOURS = "replace one event (the event count per stream is public: blocks are count-triggered)"
 
 
-def _test_tiebreak(seed, ts, features, class_index):
-    """Test modes only (``rng`` an int seed or a ``NoiseSource``): a reproducible 64-bit
-    tie-breaker, a hash of (seed, point). It depends on the point's content; production
-    (``rng=None``) draws it at random instead (see :class:`_PreparePoints`)."""
-    text = repr(("dp_beam.erm.tiebreak", seed, ts, features, class_index)).encode()
-    return int.from_bytes(hashlib.sha256(text).digest()[:8], "big")
-
-
-@beam.typehints.with_output_types(KV)
-class _PreparePoints(ValidatingDoFn):
-    """Extracts ``(key, (ts, (id, tiebreak), features, label))``; clips features; routes bad
-    elements to ``invalid``.
-
-    Features must be a sequence of ``n_features`` finite reals and the label
-    one of the declared classes (it is replaced by the declared instance).
-    Feature vectors longer than ``feature_bound`` are scaled down to it
-    (contribution bounding, erm.md E-2) and counted in the ``clipped`` metric.
-    With ``id_fn`` the event's id must be valid for
-    :func:`~dp_beam.transforms.event_ids.id_key`; without it the id part is
-    ``()``. Nothing raises.
-
-    The tie-breaker fixes the position of the point among the points of its
-    step with the same event time (the release sorts by ``(ts, id,
-    tiebreak)``). In production (``seed`` is None) it is left ``None`` here
-    and set by the release from the secret noise key
-    (:meth:`ERMReleaseSpec.ordered`). In test modes (``reproducible``) it is
-    :func:`_test_tiebreak`.
-    """
-
-    def __init__(self, transform, features_fn, label_fn, n_features, classes, feature_bound,
-                 key_fn=None, timestamp_fn=None, schedule=None, keys=None, id_fn=None,
-                 reproducible=False, seed=None, transient_errors=TRANSIENT_ERRORS):
-        super().__init__(transform, key_fn, timestamp_fn, schedule, keys, transient_errors)
-        self._features_fn, self._label_fn = features_fn, label_fn
-        self._id_fn = id_fn
-        self._d = n_features
-        self._classes = tuple(classes)
-        self._class_index = {c: i for i, c in enumerate(self._classes)}
-        self._bound = feature_bound
-        self._reproducible = reproducible
-        self._seed = seed
-        self._clipped = Metrics.counter(NAMESPACE, f"{transform}.clipped")
-
-    def process(self, element, timestamp=beam.DoFn.TimestampParam, declared=None):
-        ts, key, err = self._time_and_key(element, timestamp, declared)
-        if err:
-            yield self._reject(element, err, timestamp)
-            return
-        event_id = ()
-        if self._id_fn is not None:
-            raw_id, err = self._call("id_fn", self._id_fn, element)
-            if not err:
-                event_id, err = id_key(raw_id)
-            if err:
-                yield self._reject(element, err, timestamp)
-                return
-        features, err = self._features(self._features_fn, self._d, element)
-        if err:
-            yield self._reject(element, err, timestamp)
-            return
-        label, err = self._call("label_fn", self._label_fn, element)
-        if err:
-            yield self._reject(element, err, timestamp)
-            return
-        try:
-            index = self._class_index.get(label)
-        except TypeError:
-            # Unhashable: the release could not look it up (an array label equal to a class).
-            index = None
-        if index is None:
-            yield self._reject(
-                element, f"label {label!r:.80} is not one of classes {self._classes!r}", timestamp)
-            return
-        label = self._classes[index]
-        # hypot does not overflow where the sum of squares would (a huge vector
-        # would otherwise be scaled to zero instead of to the bound).
-        norm = math.hypot(*features)
-        if norm > self._bound:
-            self._clipped.inc()
-            if math.isinf(norm):
-                top = max(abs(x) for x in features)
-                features = [x / top for x in features]
-                norm = math.hypot(*features)
-            features = [x * (self._bound / norm) for x in features]
-        features = tuple(features)
-        tiebreak = _test_tiebreak(self._seed, ts, features, index) if self._reproducible else None
-        yield beam.window.TimestampedValue((key, (ts, (event_id, tiebreak), features, label)), ts)
-
-
-class _CollectPoints(beam.CombineFn):
-    """The list of points of one step (order is restored at release)."""
-
-    def create_accumulator(self):
-        return []
-
-    def add_input(self, acc, point):
-        acc.append(point)
-        return acc
-
-    def merge_accumulators(self, accs):
-        out = []
-        for a in accs:
-            out.extend(a)
-        return out
-
-    def extract_output(self, acc):
-        return acc
-
-
 def _order_key(point):
     """The release order of a step's points: ``(event time, (id, tiebreak))``, never their content.
 
-    ``id`` is ``()`` without ``id_fn``; see :class:`_PreparePoints` for the
-    tie-breaker and the module docstring for why this order is private.
+    ``id`` is ``()`` without ``id_fn``; see
+    :class:`~dp_beam.transforms.erm_points.PreparePoints` for the tie-breaker and
+    the module docstring for why this order is private.
     """
     return point[0], point[1]
 
@@ -358,7 +245,7 @@ class _ERMTransform(beam.PTransform):
         label = self.label
         probe = self._probe
         schedule, declared, side = validation(self)
-        prepared = events | "Validate" >> beam.ParDo(_PreparePoints(
+        prepared = events | "Validate" >> beam.ParDo(PreparePoints(
             label, self._features_fn, self._label_fn, probe.loss.n_features, probe.loss.classes,
             probe.loss.feature_bound, self._key_fn, self._timestamp_fn, schedule, declared,
             id_fn=self._id_fn, reproducible=self._seed is not None,
@@ -366,7 +253,7 @@ class _ERMTransform(beam.PTransform):
             transient_errors=self._transient),
             **side).with_outputs(INVALID, main="valid")
         invalids = [prepared[INVALID]]
-        aggregates = per_step(prepared.valid, _CollectPoints(), self._step, self._step_micros,
+        aggregates = per_step(prepared.valid, CollectPoints(), self._step, self._step_micros,
                               events.is_bounded)
         entry = self.plan_entry(label)
         spec = ERMReleaseSpec(label, self._step, self._stream_cls, self._args, entry,

@@ -348,13 +348,7 @@ class IncrementalRegression(beam.PTransform):
                  label: Optional[str] = None) -> None:
         super().__init__(label)
         self._transient = check_transient_errors(transient_errors)
-        for name, fn in (("features_fn", features_fn), ("label_fn", label_fn)):
-            if not callable(fn):
-                raise ValueError(f"{name} must be callable, got {fn!r}")
-        if timestamp_fn is not None and not callable(timestamp_fn):
-            raise ValueError(f"timestamp_fn must be callable, got {timestamp_fn!r}")
-        if method not in METHODS:
-            raise ValueError(f"method must be one of {sorted(METHODS)}, got {method!r}")
+        self._check_functions(features_fn, label_fn, timestamp_fn, method)
         self._features_fn, self._label_fn = features_fn, label_fn
         self._key_fn, self._timestamp_fn = key_fn, timestamp_fn
         set_release_options(self, step, allowed_lateness, late, rng, start=start, end=end,
@@ -372,28 +366,51 @@ class IncrementalRegression(beam.PTransform):
         incremental = dict(horizon=horizon, counter=counter, solver=solver,
                            calibration=calibration, split=split)
         self._projection = None
+        self._params = self._plan_params(method, common, incremental, horizon,
+                                         projection_dim=projection_dim,
+                                         feature_width=feature_width,
+                                         expected_events=expected_events, tau=tau, lam=lam,
+                                         batch_noise=batch_noise)
+        self._probe = self._build_probe(method, rng)
+        self._cost = self._probe.privacy_cost()
+
+    @staticmethod
+    def _check_functions(features_fn, label_fn, timestamp_fn, method):
+        """``ValueError`` naming the first of the user functions or ``method`` that is invalid."""
+        for name, fn in (("features_fn", features_fn), ("label_fn", label_fn)):
+            if not callable(fn):
+                raise ValueError(f"{name} must be callable, got {fn!r}")
+        if timestamp_fn is not None and not callable(timestamp_fn):
+            raise ValueError(f"timestamp_fn must be callable, got {timestamp_fn!r}")
+        if method not in METHODS:
+            raise ValueError(f"method must be one of {sorted(METHODS)}, got {method!r}")
+
+    @staticmethod
+    def _plan_params(method, common, incremental, horizon, *, projection_dim, feature_width,
+                     expected_events, tau, lam, batch_noise):
+        """The validated parameters of ``method`` (their constructors raise ``ValueError``
+        naming a bad one)."""
         if method == "tree":
-            self._params = PrivIncReg1Params(**common, **incremental)
-        elif method == "projection":
-            self._params = PrivIncReg2Params(**common, **incremental, projection_dim=projection_dim,
-                                             feature_width=feature_width,
-                                             expected_records=expected_events)
-        else:
-            if horizon is None:
-                raise ValueError(f"end is required for method={method!r}: the number of batch runs "
-                                 "k = ceil(T/tau) over the T steps sets each run's budget")
-            self._params = PrivIncERMParams(**common, horizon=horizon, tau=tau, lam=lam,
-                                            noise=batch_noise)
+            return PrivIncReg1Params(**common, **incremental)
+        if method == "projection":
+            return PrivIncReg2Params(**common, **incremental, projection_dim=projection_dim,
+                                     feature_width=feature_width,
+                                     expected_records=expected_events)
+        if horizon is None:
+            raise ValueError(f"end is required for method={method!r}: the number of batch runs "
+                             "k = ceil(T/tau) over the T steps sets each run's budget")
+        return PrivIncERMParams(**common, horizon=horizon, tau=tau, lam=lam, noise=batch_noise)
+
+    def _build_probe(self, method, rng):
+        """A noise-free mechanism of the planned parameters (drawing Φ first for the
+        projection method)."""
         if method == "projection":
             m = self._params.resolved_projection_dim()
             source = _projection_source(rng, self._noise_key)
             self._projection = np.asarray(source.gaussian(1.0, m * self._params.dim),
                                           dtype=np.float64).reshape(m, self._params.dim)
-            probe = PrivIncReg2(self._params, rng=ZeroNoise(), projection=self._projection)
-        else:
-            probe = self._cls(self._params, rng=ZeroNoise())
-        self._probe = probe
-        self._cost = probe.privacy_cost()
+            return PrivIncReg2(self._params, rng=ZeroNoise(), projection=self._projection)
+        return self._cls(self._params, rng=ZeroNoise())
 
     @property
     def projection(self) -> Optional[np.ndarray]:

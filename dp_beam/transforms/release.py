@@ -8,7 +8,8 @@ empty steps; late aggregates (their step already released) are deferred into
 the next unreleased step or dropped to ``invalid``. All mechanism state lives in
 Beam state cells, so a restarted or rebalanced worker loses nothing.
 
-The DoFn knows nothing about DP: a :class:`ReleaseSpec` says how to build and
+The DoFn knows nothing about DP: a
+:class:`~dp_beam.transforms.release_spec.ReleaseSpec` says how to build and
 restore the mechanism, how to merge aggregates and what to emit per step.
 
 The mechanism's state cell is rewritten at every firing, so it must stay small.
@@ -16,11 +17,12 @@ A mechanism that must keep data for later (the ERM streams keep raw blocks,
 ``docs/design.md`` D1.3) sets
 ``ReleaseSpec.uses_log``: :func:`release_in_order` then runs
 :class:`LoggedReleaseDoFn`, which gives it a per-key append-only
-:class:`BagLog` (a ``BagState``) read only when needed. Specs without it run
+:class:`~dp_beam.transforms.bag_log.BagLog` (a ``BagState``) read only when
+needed. Specs without it run
 :class:`OrderedReleaseDoFn` with exactly its own state cells.
 """
 
-from typing import Any, Iterable, List, NamedTuple, Optional, Tuple, Union
+from typing import Any, Iterable, Optional, Tuple, Union
 
 import apache_beam as beam
 import numpy as np
@@ -32,244 +34,25 @@ from apache_beam.transforms.userstate import (BagStateSpec, ReadModifyWriteState
                                               TimerSpec, on_timer)
 
 from dp_beam.mechanisms import NoiseSource, make_noise
-from dp_beam.mechanisms.noise_key import KeyedNoise, NoiseKey, encode_identity
+from dp_beam.mechanisms.noise_key import KeyedNoise, NoiseKey
 from dp_beam.mechanisms.stable_hash import stable_hash
 from dp_beam.progress import ReleaseProgress
 from dp_beam.records import InvalidElement
+from dp_beam.transforms.bag_log import BagLog
 from dp_beam.transforms.events import INVALID, NAMESPACE
+from dp_beam.transforms.release_spec import (ACCOUNTING, CLOSED, NOT_ADMITTED, PLAN_ATTRIBUTE,
+                                             ContinualResult, ReleaseSpec, key_label)
 from dp_beam.transforms.schedule import NotAdmitted, Schedule, StreamStart
 from dp_beam.transforms.stream_keys import KV
 
+# The spec interface, the log and the shared names live in their own modules;
+# they stay importable from here, where every transform has found them.
 __all__ = ["ACCOUNTING", "BagLog", "CLOSED", "ContinualResult", "key_label", "LoggedReleaseDoFn",
            "NOT_ADMITTED", "OrderedReleaseDoFn", "PLAN_ATTRIBUTE", "release_in_order",
            "ReleaseSpec"]
 
-ACCOUNTING = "accounting"
 #: Stream keys whose base noise source a release DoFn keeps (each a few hundred bytes).
 _SOURCE_CACHE = 4096
-#: ``next_step`` of a stream that will release nothing more.
-CLOSED = 2 ** 62
-NOT_ADMITTED = "key not admitted by private key selection"
-#: Attribute of an ``.accounting`` PCollection holding the transform's planned
-#: ledger entries, read by ``CombineAccounting`` and ``dp_beam.plan``.
-PLAN_ATTRIBUTE = "dp_beam_plan"
-
-
-class ContinualResult(NamedTuple):
-    """The outputs of a continual transform."""
-    releases: beam.PCollection
-    accounting: beam.PCollection
-    invalid: beam.PCollection
-
-
-class ReleaseSpec:
-    """What the ordered release DoFn needs to know about a mechanism (engine-free).
-
-    Subclasses implement :meth:`new_mechanism`, :meth:`restore`,
-    :meth:`release` and :meth:`ledger`; aggregates are ``(value, events)``
-    pairs by default (``zero``/``merge`` may be overridden). ``uses_log``
-    (default False) asks for a per-key :class:`BagLog`.
-    """
-
-    #: Human-readable label of the transform (used in records and metrics).
-    transform: str = ""
-    #: Step length in seconds; step k covers [k·step, (k+1)·step).
-    step_seconds: float = 1.0
-    #: Number of steps a stream may release, or None for unbounded.
-    horizon: Optional[int] = None
-    #: True: the mechanism keeps data it may need again in an append-only per-key
-    #: log (a :class:`BagLog` over a ``BagState``) instead of its own state, and
-    #: :meth:`new_mechanism` / :meth:`restore` take it as ``log=``. The DoFn then
-    #: rewrites only the mechanism's small state at each firing.
-    uses_log: bool = False
-
-    def zero(self) -> Any:
-        return (0.0, 0)
-
-    def merge(self, a: Any, b: Any) -> Any:
-        return (a[0] + b[0], a[1] + b[1])
-
-    def events(self, aggregate: Any) -> int:
-        return int(aggregate[1])
-
-    def new_mechanism(self, rng: Any, first: Optional[int] = None) -> Any:
-        """A new mechanism for a stream opening at step ``first`` (with ``uses_log``, called with
-        ``log=`` as well)."""
-        raise NotImplementedError
-
-    def restore(self, state: Any, rng: Any) -> Any:
-        """The mechanism of ``state`` (with ``uses_log``, called with ``log=`` as well)."""
-        raise NotImplementedError
-
-    def reseed(self, mechanism: Any, rng: Any, **with_log: Any) -> Any:
-        """``mechanism`` continuing with the noise source ``rng``: by default
-        ``restore(mechanism.to_state(), rng)``; a spec whose mechanisms can swap
-        their source in place may do that instead (the same releases, without
-        the state round trip at every step)."""
-        return self.restore(mechanism.to_state(), rng, **with_log)
-
-    def release(self, mechanism: Any, key: Any, step: int, aggregate: Any) -> Iterable[Any]:
-        """Feeds one step's aggregate to the mechanism; returns the records to emit."""
-        raise NotImplementedError
-
-    def ledger(self, key: Any) -> List[Any]:
-        """Ledger entries charged when the stream of ``key`` opens."""
-        raise NotImplementedError
-
-    def done(self, mechanism: Any) -> bool:
-        """True when the stream will release nothing more (key selection after admission)."""
-        return False
-
-    def window_end(self, step: int) -> float:
-        return (step + 1) * self.step_seconds
-
-
-def key_label(key: Any) -> Any:
-    """A stream key as a noise identity label: itself when it has a canonical encoding
-    (str, int, float, bytes, None, tuples of those), else its type and ``repr``."""
-    if key is None or type(key) in (str, int, float, bytes):
-        return key
-    try:
-        encode_identity((key,))
-        return key
-    except ValueError:
-        return ("repr", type(key).__module__, type(key).__qualname__, repr(key))
-
-
-class BagLog:
-    """A per-key append-only log in a Beam ``BagState``, read lazily (``docs/design.md`` D1.3).
-
-    For a spec with ``uses_log``: the mechanism appends entries ``(index,
-    payload)`` with consecutive int indices, reads back ranges of them, and
-    says below which index it will never read again
-    (``dp_beam.mechanisms.erm.BlockLog`` is the protocol). What the mechanism
-    needs is then never rewritten at each firing:
-
-    * appends are buffered and added to the bag once, at :meth:`flush` (the
-      end of the firing); a read of an entry appended in the same firing is
-      answered from that buffer;
-    * the bag is read only when a read asks for an older entry (or to
-      compact), at most once per firing;
-    * released entries stay in the bag until they are at least as many as the
-      live ones; then the bag is cleared and the live entries are added again
-      (all entries released: cleared without reading). So the bag holds fewer
-      than twice the live entries plus one firing's appends, and a compaction
-      rewrites the live entries once per at least as many released ones:
-      amortised O(1) state I/O per appended entry.
-
-    Bookkeeping (entries stored, the oldest stored index, the release bound)
-    lives in the small ``meta`` cell, so nothing else is read to decide.
-
-    ``bag`` and ``meta`` are Beam state objects or anything with the same
-    ``read``/``add``/``clear`` and ``read``/``write`` methods:
-
-    >>> class Cell:
-    ...     def __init__(self): self.v = None
-    ...     def read(self): return self.v
-    ...     def write(self, v): self.v = v
-    >>> class Bag(list):
-    ...     def read(self): return list(self)
-    ...     def add(self, v): self.append(v)
-    >>> bag, meta = Bag(), Cell()
-    >>> log = BagLog(bag, meta)
-    >>> for i in (1, 2, 3): log.append(i, f"block {i}")
-    >>> log.read(1, 3), len(bag)            # the new entries, before they are written
-    (['block 2', 'block 3'], 0)
-    >>> log.release_before(2); log.flush(); [i for i, _ in bag]
-    [2, 3]
-    >>> log = BagLog(bag, meta)             # next firing
-    >>> log.append(4, "block 4"); log.release_before(4); log.flush(); [i for i, _ in bag]
-    [4]
-    """
-
-    def __init__(self, bag: Any, meta: Any, reads: Optional[Any] = None,
-                 compactions: Optional[Any] = None) -> None:
-        self._bag = bag
-        self._meta = meta
-        stored = meta.read()
-        # (entries in the bag, index of the oldest one, release bound)
-        self._stored, self._first, self._keep = stored if stored is not None else (0, None, None)
-        self._read_meta = stored
-        self._loaded = None
-        self._pending = {}
-        self._reads, self._compactions = reads, compactions
-        self.bag_reads = 0
-
-    def append(self, index: int, payload: Any) -> None:
-        self._pending[index] = payload
-
-    def release_before(self, keep: int) -> None:
-        self._keep = keep if self._keep is None else max(self._keep, keep)
-
-    def _load(self):
-        if self._loaded is None:
-            self._loaded = {i: payload for i, payload in self._bag.read()}
-            self.bag_reads += 1
-            if self._reads is not None:
-                self._reads.inc(len(self._loaded))
-        return self._loaded
-
-    def read(self, lo: int, hi: int) -> List[Any]:
-        """Payloads of entries lo+1..hi, in order (the bag is read only for older entries)."""
-        out = []
-        for i in range(lo + 1, hi + 1):
-            if i in self._pending:
-                out.append(self._pending[i])
-                continue
-            stored = self._load()
-            if i not in stored:
-                raise KeyError(f"log entry {i} was released or never appended")
-            out.append(stored[i])
-        return out
-
-    @property
-    def stored(self) -> int:
-        """Entries in the bag (after :meth:`flush`)."""
-        return self._stored
-
-    def flush(self) -> None:
-        """Writes this firing's appends (and compacts); call once, at the end of the firing."""
-        keep = self._keep if self._keep is not None else 1
-        indices = sorted(self._pending)
-        if self._stored:
-            last = self._first + self._stored - 1
-        else:
-            last = None
-        if indices:
-            last = indices[-1]
-        if last is None:
-            self._write_meta()
-            return
-        total = self._stored + len(indices)
-        live = max(0, last - keep + 1)
-        released = total - live
-        if live == 0:
-            if self._stored:
-                self._bag.clear()
-            self._stored, self._first = 0, None
-        elif released and released >= live:
-            entries = dict(self._load()) if self._stored else {}
-            entries.update(self._pending)
-            self._bag.clear()
-            for i in range(keep, last + 1):
-                self._bag.add((i, entries[i]))
-            self._stored, self._first = live, keep
-            if self._compactions is not None:
-                self._compactions.inc()
-        else:
-            for i in indices:
-                if i >= keep:
-                    self._bag.add((i, self._pending[i]))
-                    if self._first is None or not self._stored:
-                        self._first = i
-                    self._stored += 1
-        self._pending = {}
-        self._write_meta()
-
-    def _write_meta(self):
-        meta = (self._stored, self._first, self._keep)
-        if meta != self._read_meta:
-            self._meta.write(meta)
 
 
 @beam.typehints.with_output_types(Any)
@@ -432,61 +215,82 @@ class OrderedReleaseDoFn(beam.DoFn):
         key, (step, aggregate) = element
         nxt = next_state.read()
         if isinstance(aggregate, StreamStart):
-            if nxt is None:
-                first_state.write(step)
-                next_state.write(step)
-                timer.set(self._end_micros(self._end - 1 if self._bounded else step))
+            self._start(step, nxt, next_state, first_state, timer)
             return
         if isinstance(aggregate, NotAdmitted):
-            if nxt is None:
-                for s, agg in buffer.read():
-                    out = self._invalid(key, s, agg, NOT_ADMITTED)
-                    if out is not None:
-                        yield out
-                buffer.clear()
-                next_state.write(CLOSED)
+            yield from self._not_admitted(key, nxt, buffer, next_state)
             return
         if self._closed(nxt):
-            if first_state.read() is None:
-                reason = NOT_ADMITTED
-            elif self._end is not None:
-                reason = f"late: the stream ended at step {self._end - 1}"
-            else:
-                reason = "the stream is closed"
-            out = self._invalid(key, step, aggregate, reason)
+            out = self._invalid(key, step, aggregate, self._closed_reason(first_state))
             if out is not None:
                 yield out
             return
         if nxt is not None and step < nxt and nxt > first_state.read():
             # Late: its step was already released. (Before the first release,
             # earlier steps simply merge into the opening step.)
-            n = self._spec.events(aggregate)
-            if self._late == "drop":
-                self._late_dropped.inc(n)
-                out = self._invalid(key, step, aggregate,
-                                    f"late: step {step} was already released", nxt - 1)
-                if out is not None:
-                    yield out
+            step = yield from self._late_step(key, step, aggregate, nxt)
+            if step is None:
                 return
-            behind = self._beyond_lateness(step, nxt)
-            if behind is not None:
-                self._too_late.inc(n)
-                out = self._invalid(
-                    key, step, aggregate,
-                    f"late beyond allowed_lateness ({self._allowed_lateness:g} s): step {step} "
-                    f"ended {behind:g} s before the end of the last released step {nxt - 1}",
-                    nxt - 1)
-                if out is not None:
-                    yield out
-                return
-            self._late_deferred.inc(n)
-            step = nxt
         buffer.add((step, aggregate))
         if nxt is None and self._opens == "data":
-            earliest = earliest_state.read()
-            if earliest is None or step < earliest:
-                earliest_state.write(step)
-                timer.set(self._end_micros(self._end - 1 if self._bounded else step))
+            self._hold_earliest(step, earliest_state, timer)
+
+    def _start(self, step, nxt, next_state, first_state, timer):
+        """Opens a stream that has not opened yet at ``step`` and sets its first timer."""
+        if nxt is None:
+            first_state.write(step)
+            next_state.write(step)
+            timer.set(self._end_micros(self._end - 1 if self._bounded else step))
+
+    def _not_admitted(self, key, nxt, buffer, next_state):
+        """Closes a stream that never opened; its buffered events go to ``invalid``."""
+        if nxt is None:
+            for s, agg in buffer.read():
+                out = self._invalid(key, s, agg, NOT_ADMITTED)
+                if out is not None:
+                    yield out
+            buffer.clear()
+            next_state.write(CLOSED)
+
+    def _closed_reason(self, first_state):
+        """Why an aggregate of a closed stream is invalid."""
+        if first_state.read() is None:
+            return NOT_ADMITTED
+        if self._end is not None:
+            return f"late: the stream ended at step {self._end - 1}"
+        return "the stream is closed"
+
+    def _late_step(self, key, step, aggregate, nxt):
+        """Yields the dead letter of a late aggregate that is dropped or beyond the allowed
+        lateness and returns ``None``; else returns the step it is deferred into."""
+        n = self._spec.events(aggregate)
+        if self._late == "drop":
+            self._late_dropped.inc(n)
+            out = self._invalid(key, step, aggregate,
+                                f"late: step {step} was already released", nxt - 1)
+            if out is not None:
+                yield out
+            return None
+        behind = self._beyond_lateness(step, nxt)
+        if behind is not None:
+            self._too_late.inc(n)
+            out = self._invalid(
+                key, step, aggregate,
+                f"late beyond allowed_lateness ({self._allowed_lateness:g} s): step {step} "
+                f"ended {behind:g} s before the end of the last released step {nxt - 1}",
+                nxt - 1)
+            if out is not None:
+                yield out
+            return None
+        self._late_deferred.inc(n)
+        return nxt
+
+    def _hold_earliest(self, step, earliest_state, timer):
+        """With ``opens="data"``: moves the timer of a stream not yet open to its earliest step."""
+        earliest = earliest_state.read()
+        if earliest is None or step < earliest:
+            earliest_state.write(step)
+            timer.set(self._end_micros(self._end - 1 if self._bounded else step))
 
     @on_timer(TIMER)
     def on_release(self, key=beam.DoFn.KeyParam, fire=beam.DoFn.TimestampParam,
@@ -511,15 +315,11 @@ class OrderedReleaseDoFn(beam.DoFn):
         spec = self._spec
         with_log = {} if log is None else {"log": log}
         nxt = next_state.read()
-        pending = {}
-        for step, aggregate in buffer.read():
-            pending[step] = spec.merge(pending[step], aggregate) if step in pending else aggregate
+        pending = self._pending(buffer)
         if nxt is None:
-            if self._opens != "data" or not pending:
+            nxt = self._open_on_data(pending, first_state, earliest_state)
+            if nxt is None:
                 return
-            nxt = min(pending)
-            first_state.write(nxt)
-            earliest_state.clear()
         if self._closed(nxt):
             return
         first = first_state.read()
@@ -531,7 +331,40 @@ class OrderedReleaseDoFn(beam.DoFn):
         for step in [s for s in pending if s < nxt]:
             aggregate = pending.pop(step)
             pending[nxt] = spec.merge(pending[nxt], aggregate) if nxt in pending else aggregate
+        until = self._until(fire, first)
+        mechanism, step, done = yield from self._release_steps(
+            key, nxt, until, pending, mechanism, mech_state, with_log)
+        if mechanism is not None:
+            mech_state.write(mechanism.to_state())
+        if log is not None:
+            log.flush()
+        last = first + spec.horizon - 1 if spec.horizon is not None else None
+        if done or (last is not None and step > last):
+            yield from self._close(key, done, pending, buffer, next_state)
+            return
+        self._carry(step, pending, buffer, next_state, timer)
 
+    def _pending(self, buffer):
+        """The buffered aggregates merged per step."""
+        spec = self._spec
+        pending = {}
+        for step, aggregate in buffer.read():
+            pending[step] = spec.merge(pending[step], aggregate) if step in pending else aggregate
+        return pending
+
+    def _open_on_data(self, pending, first_state, earliest_state):
+        """With ``opens="data"``: the step a stream with buffered data opens at (``None``: it
+        stays unopened)."""
+        if self._opens != "data" or not pending:
+            return None
+        nxt = min(pending)
+        first_state.write(nxt)
+        earliest_state.clear()
+        return nxt
+
+    def _until(self, fire, first):
+        """The last step this firing may release."""
+        spec = self._spec
         if self._bounded:
             until = self._end - 1
         else:
@@ -541,7 +374,12 @@ class OrderedReleaseDoFn(beam.DoFn):
                 until = min(until, self._end - 1)
         if spec.horizon is not None:
             until = min(until, first + spec.horizon - 1)
+        return until
 
+    def _release_steps(self, key, nxt, until, pending, mechanism, mech_state, with_log):
+        """Yields the records of steps ``nxt``..``until`` (fewer once the spec is done); returns
+        the mechanism, the next unreleased step and whether the spec is done."""
+        spec = self._spec
         done = False
         step = nxt
         # Counted here and added once per firing: a metric update per step
@@ -573,22 +411,21 @@ class OrderedReleaseDoFn(beam.DoFn):
             self._released.inc(released)
         if empty:
             self._empty.inc(empty)
-        if mechanism is not None:
-            mech_state.write(mechanism.to_state())
-        if log is not None:
-            log.flush()
-        last = first + spec.horizon - 1 if spec.horizon is not None else None
-        if done or (last is not None and step > last):
-            # Nothing more will be released: the stream is closed.
-            next_state.write(CLOSED)
-            buffer.clear()
-            for s, aggregate in sorted(pending.items()):
-                out = self._invalid(key, s, aggregate,
-                                    "the stream is closed" if done else
-                                    f"step {s} is beyond the horizon of {spec.horizon} steps")
-                if out is not None:
-                    yield out
-            return
+        return mechanism, step, done
+
+    def _close(self, key, done, pending, buffer, next_state):
+        """Nothing more will be released: closes the stream; what is left goes to ``invalid``."""
+        next_state.write(CLOSED)
+        buffer.clear()
+        for s, aggregate in sorted(pending.items()):
+            out = self._invalid(key, s, aggregate,
+                                "the stream is closed" if done else
+                                f"step {s} is beyond the horizon of {self._spec.horizon} steps")
+            if out is not None:
+                yield out
+
+    def _carry(self, step, pending, buffer, next_state, timer):
+        """Keeps the unreleased aggregates for the next firing at ``step`` and sets its timer."""
         next_state.write(step)
         buffer.clear()
         for s, aggregate in pending.items():
@@ -692,25 +529,36 @@ def release_in_order(aggregates: beam.PCollection, spec: ReleaseSpec, plan: Iter
                       noise_key=noise_key, allowed_lateness=allowed_lateness)
     opened = (aggregates, seeds) | "Open" >> beam.Flatten().with_output_types(KV)
     if shards and not spec.uses_log:
-        from dp_beam.transforms.shards import BatchShardReleaseDoFn, ShardedReleaseDoFn, shard_of
-
-        sharded = (opened
-                   | "Shard" >> beam.Map(lambda kv, n=shards: (shard_of(kv[0], n), kv)
-                                         ).with_output_types(Tuple[int, Any]))
-        if bounded:
-            # All timers of bounded input fire after all of it is in: a grouping
-            # per shard and one pass over it give the same records without state.
-            released = (sharded
-                        | "GroupShard" >> beam.GroupByKey()
-                        | "Release" >> beam.ParDo(BatchShardReleaseDoFn(
-                            release_fn, combine_fn)).with_outputs(
-                            ACCOUNTING, INVALID, main="releases"))
-        else:
-            released = sharded | "Release" >> beam.ParDo(ShardedReleaseDoFn(release_fn)).with_outputs(
-                ACCOUNTING, INVALID, main="releases")
+        released = _release_sharded(opened, release_fn, shards, bounded, combine_fn)
     else:
         released = opened | "Release" >> beam.ParDo(release_fn).with_outputs(
             ACCOUNTING, INVALID, main="releases")
+    return _result(released, plan, invalids, extra_releases, extra_accounting)
+
+
+def _release_sharded(opened, release_fn, shards, bounded, combine_fn):
+    """The release of ``opened`` routed to ``shards`` shards, one stateful key each (bounded
+    input: one grouping per shard, without state)."""
+    from dp_beam.transforms.shards import BatchShardReleaseDoFn, ShardedReleaseDoFn, shard_of
+
+    sharded = (opened
+               | "Shard" >> beam.Map(lambda kv, n=shards: (shard_of(kv[0], n), kv)
+                                     ).with_output_types(Tuple[int, Any]))
+    if bounded:
+        # All timers of bounded input fire after all of it is in: a grouping
+        # per shard and one pass over it give the same records without state.
+        return (sharded
+                | "GroupShard" >> beam.GroupByKey()
+                | "Release" >> beam.ParDo(BatchShardReleaseDoFn(
+                    release_fn, combine_fn)).with_outputs(
+                    ACCOUNTING, INVALID, main="releases"))
+    return sharded | "Release" >> beam.ParDo(ShardedReleaseDoFn(release_fn)).with_outputs(
+        ACCOUNTING, INVALID, main="releases")
+
+
+def _result(released, plan, invalids, extra_releases, extra_accounting):
+    """The :class:`ContinualResult` of the release's outputs flattened with the other ones, the
+    plan attached to its accounting."""
     invalid = tuple(invalids) + (released[INVALID],) | "Invalid" >> beam.Flatten()
     releases = released.releases
     if extra_releases:

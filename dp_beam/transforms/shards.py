@@ -43,7 +43,8 @@ from apache_beam.transforms.userstate import ReadModifyWriteStateSpec, TimerSpec
 from apache_beam.utils.timestamp import Timestamp
 
 from dp_beam.mechanisms.noise_key import encode_identity
-from dp_beam.transforms.release import OrderedReleaseDoFn, key_label
+from dp_beam.transforms.release import OrderedReleaseDoFn
+from dp_beam.transforms.release_spec import key_label
 from dp_beam.transforms.schedule import NotAdmitted, StreamStart
 
 __all__ = ["shard_of", "default_shards", "ShardedReleaseDoFn", "BatchShardReleaseDoFn",

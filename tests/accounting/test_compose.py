@@ -323,3 +323,28 @@ def test_schema_version_2_round_trips_through_json():
     assert out["relation"] == "replace" and out["epsilon"] == pytest.approx(1.5)
     assert list(out) == ["record", *AccountingReport._fields]
     assert AccountingReport._fields[-1] == "relation" and LedgerEntry._fields[-1] == "relation"
+
+
+def test_budget_check_refuses_a_user_total_without_a_group_size():
+    plan = [entry("hourly", 0.25), entry("users", 0.25, unit="user")]
+    with pytest.raises(ValueError, match=r"user-level total of this plan is unbounded: "
+                                         r"user-level transforms 'users' .* event-level "
+                                         r"transforms 'hourly' .*events_per_user=N"):
+        check_budget(plan, Budget(epsilon=10.0))
+    # Declared: the same plan passes, the hourly charge counted for 3 events.
+    (_, user) = check_budget(plan, Budget(epsilon=10.0), events_per_user=3)
+    assert user.epsilon == pytest.approx(1.0) and "declared events_per_user" in user.note
+
+
+def test_user_total_notes_what_group_privacy_assumes_of_replace_transforms():
+    erm = rel_entry("erm", 0.5, "replace")
+    users = rel_entry("users", 0.5, "replace", unit="user", max_contributions=2)
+    (_, user) = compose([erm, users])
+    assert user.relation == "replace" and user.epsilon == pytest.approx(1.5)
+    assert "the largest per-user cap of the user-level transforms" in user.note
+    assert "replacing a user keeps their number of events" in user.note
+    # Blocked under add/remove: the relation note alone says why, no group-privacy note.
+    reports = by_total(compose([erm, rel_entry("c", 0.5, "add/remove", unit="user",
+                                               max_contributions=2)]))
+    assert "group privacy" not in reports["user", "add/remove"].note
+    assert "group privacy over at most 2 events" in reports["user", "replace"].note

@@ -81,6 +81,8 @@ from dp_beam.mechanisms.erm import LogisticLoss, OutputPerturbation, solve_erm
 from dp_beam.mechanisms.noise_key import KeyedNoise, NoiseKey
 from dp_beam.transforms import continual
 from dp_beam.transforms import mean as mean_transform
+from dp_beam.transforms.mean_aggregates import MergeAggregates
+from dp_beam.transforms.mean_users import WithholdReleaseBatch
 from dp_beam.transforms.release import OrderedReleaseDoFn
 from dp_beam.transforms.schedule import StreamStart
 
@@ -795,7 +797,7 @@ def test_continual_mean_values_release_path():
                ("b", 0.9, 25.0)],
     }
     events["D"] = [(u, 1.0 if u == "a" else v, ts) for u, v, ts in events["D'"]]
-    stage = mean_transform._WithholdReleaseBatch(
+    stage = WithholdReleaseBatch(
         transform=label, params=transform.params, lower=transform._lower,
         upper=transform._upper, step_micros=transform._step_micros, max_keys=1)
     stage.setup()
@@ -806,7 +808,7 @@ def test_continual_mean_values_release_path():
             mine = [(None, v, ts) for u, v, ts in evs if u == user]
             for (key, step), agg in stage.process((user, mine)):
                 per_step.setdefault(step, []).append(agg)
-        combine = mean_transform._MergeAggregates()
+        combine = MergeAggregates()
         aggregates[which] = [
             (step, combine.extract_output(combine.merge_accumulators(
                 [combine.add_input(combine.create_accumulator(), a) for a in per_step[step]])))

@@ -30,6 +30,7 @@ from scipy import stats
 
 import dp_beam as dpb
 import dp_beam.transforms.erm as transforms_erm
+from dp_beam.transforms.erm_points import PreparePoints, reproducible_tiebreak
 from dp_beam.mechanisms import SeededNoise, ZeroNoise
 from dp_beam.mechanisms import erm as mech
 from dp_beam.mechanisms.erm import l2_laplace_noise
@@ -257,7 +258,7 @@ def test_zero_noise_with_id_fn_through_the_pipeline_only_the_block_of_the_replac
 
 
 def _prepare(reproducible=False, seed=None, id_fn=None):
-    dofn = transforms_erm._PreparePoints(
+    dofn = PreparePoints(
         "erm", lambda e: e["x"], lambda e: e["y"], 2, (0, 1), 1.0,
         timestamp_fn=lambda e: e["ts"], id_fn=id_fn, reproducible=reproducible, seed=seed)
 
@@ -298,7 +299,7 @@ def test_test_modes_break_ties_reproducibly_and_ids_come_first():
     first = seeded(point).value[1][1][1]
     assert first == seeded(dict(point)).value[1][1][1]
     assert first != _prepare(reproducible=True, seed=8)(point).value[1][1][1]
-    assert first == transforms_erm._test_tiebreak(7, TS, (0.1, 0.2), 1)
+    assert first == reproducible_tiebreak(7, TS, (0.1, 0.2), 1)
     with_ids = _prepare(id_fn=lambda e: e["id"])
     keys = [transforms_erm._order_key(with_ids({**point, "id": i}).value[1])
             for i in (3, "a", 2.5, b"z", (1, "b"), [1, "a"])]

@@ -271,6 +271,38 @@ def test_configuration_errors_name_the_parameter(kwargs, name):
         dpb.ContinualCount(**kwargs)
 
 
+@pytest.mark.parametrize("kwargs, name", [
+    # The unit is checked before the mechanism, the mechanism before hot_key_fanout and
+    # monotone, and those before the mechanism's own parameters.
+    (dict(privacy_unit="row", mechanism="magic"), "privacy_unit"),
+    (dict(user_fn=str, hot_key_fanout=0), "user_fn and max_contributions"),
+    (dict(mechanism="magic", hot_key_fanout=0), "mechanism"),
+    (dict(hot_key_fanout=True, monotone="yes"), "hot_key_fanout"),
+    (dict(monotone="yes", epsilon=-1.0), "monotone"),
+    (dict(hot_key_fanout=2, monotone=True, epsilon=-1.0), "epsilon"),
+])
+def test_the_first_invalid_parameter_in_check_order_is_named(kwargs, name):
+    with pytest.raises(ValueError, match=name):
+        dpb.ContinualCount(**{**dict(epsilon=1.0, step=10, start=0), **kwargs})
+
+
+def test_monotone_sums_need_a_non_negative_lower_bound():
+    with pytest.raises(ValueError, match="lower must be >= 0"):
+        dpb.ContinualSum(value_fn=float, lower=-1, upper=1, epsilon=1.0, step=10, start=0,
+                         monotone=True)
+    dpb.ContinualSum(value_fn=float, lower=0, upper=1, epsilon=1.0, step=10, start=0,
+                     monotone=True)
+
+
+def test_user_contributions_scale_the_sensitivity_and_sums_add_one_grid_step():
+    count = dpb.ContinualCount(epsilon=1.0, step=10, start=0, privacy_unit="user",
+                               user_fn=str, max_contributions=3)
+    assert count._sensitivity == 3.0 and count._grid_exponent is None
+    total = dpb.ContinualSum(value_fn=float, lower=-2, upper=1, epsilon=1.0, step=10, start=0)
+    assert total._grid_exponent is not None
+    assert total._sensitivity == 2.0 + math.ldexp(1.0, total._grid_exponent)
+
+
 def test_max_idle_steps_is_no_longer_accepted():
     # The data-driven pause it configured is gone: streams release every step.
     with pytest.raises(TypeError, match="max_idle_steps"):

@@ -17,10 +17,11 @@ from dp_beam.mechanisms import ZeroNoise, make_noise
 from dp_beam.mechanisms import erm as mech
 from dp_beam.records import InvalidElement, LedgerEntry
 from dp_beam.records_erm import ModelRecord
-from dp_beam.transforms.erm import (ContinualERM, MultiResolutionERM, SlidingWindowERM, _listify,
-                                   _test_tiebreak)
+from dp_beam.transforms.erm import ContinualERM, MultiResolutionERM, SlidingWindowERM, _listify
+from dp_beam.transforms.erm_points import reproducible_tiebreak
 from dp_beam.mechanisms.stable_hash import stable_hash
-from dp_beam.transforms.release import PLAN_ATTRIBUTE, BagLog
+from dp_beam.transforms.bag_log import BagLog
+from dp_beam.transforms.release_spec import PLAN_ATTRIBUTE
 from tests.beam_util import batch_options, collect, streaming_options
 
 STEP = 10.0
@@ -343,8 +344,9 @@ def _seeded_reference(cls, args, events, seed, key=None, start_step=0, tie_seed=
         rng = make_noise(np.random.default_rng([seed, stable_hash(key), step]))
         stream = cls(rng=rng, **args) if state is None else cls.from_state(state, rng=rng)
         # The transform's order in a test mode: event time, then the seeded tie-breaker.
-        tiebreak = lambda e: _test_tiebreak(seed if tie_seed is None else tie_seed, e["ts"],  # noqa: E731
-                                            tuple(e["x"]), args["classes"].index(e["y"]))
+        tiebreak = lambda e: reproducible_tiebreak(  # noqa: E731
+            seed if tie_seed is None else tie_seed, e["ts"], tuple(e["x"]),
+            args["classes"].index(e["y"]))
         for e in sorted(by_step.get(step, []), key=lambda e: (e["ts"], tiebreak(e))):
             out.extend(stream.push(e["x"], e["y"]))
         state = stream.to_state()

@@ -176,6 +176,29 @@ def test_construction_errors_name_the_parameter():
         dpb.IncrementalRegression(**base, key_fn=lambda e: e["key"])
 
 
+def test_the_first_invalid_parameter_in_check_order_is_named():
+    base = dict(COMMON)
+    # The user functions come first, then the method, the schedule and the method's parameters.
+    for change, name in ((dict(features_fn=3, label_fn=3), "features_fn"),
+                         (dict(label_fn=3, method="ols"), "label_fn"),
+                         (dict(timestamp_fn=3, method="ols"), "timestamp_fn"),
+                         (dict(method="ols", step=0), "method"),
+                         (dict(step=0, dim=0), "step"),
+                         (dict(method="batch", end=None, tau=0), "end is required")):
+        with pytest.raises(ValueError, match=name):
+            dpb.IncrementalRegression(**{**base, **change})
+
+
+def test_each_method_plans_its_own_parameters():
+    tree = dpb.IncrementalRegression(**COMMON)
+    assert type(tree._params).__name__ == "PrivIncReg1Params" and tree.projection is None
+    batch = dpb.IncrementalRegression(**COMMON, method="batch", tau=2, lam=0.1)
+    assert type(batch._params).__name__ == "PrivIncERMParams"
+    projection = dpb.IncrementalRegression(**COMMON, method="projection", projection_dim=2, rng=5)
+    assert type(projection._params).__name__ == "PrivIncReg2Params"
+    assert projection.projection.shape == (2, D)
+
+
 def test_projection_is_public_reproducible_from_the_seed_and_drawn_at_construction():
     a = dpb.IncrementalRegression(**COMMON, method="projection", projection_dim=2, rng=5)
     b = dpb.IncrementalRegression(**COMMON, method="projection", projection_dim=2, rng=5)

@@ -628,18 +628,19 @@ class _Bag(list):
 
 
 def _paper_aggregates(transform, events):
-    from dp_beam.transforms import mean as mt
-    stage = mt._WithholdReleaseBatch(transform="m", params=transform.params, lower=transform._lower,
-                                     upper=transform._upper, step_micros=transform._step_micros,
-                                     max_keys=1)
+    from dp_beam.transforms.mean_aggregates import accumulator, merge_into
+    from dp_beam.transforms.mean_users import WithholdReleaseBatch
+    stage = WithholdReleaseBatch(transform="m", params=transform.params, lower=transform._lower,
+                                 upper=transform._upper, step_micros=transform._step_micros,
+                                 max_keys=1)
     stage.setup()
     per_step = {}
     for user in sorted({e["user"] for e in events}):
         mine = [(None, e["v"], e["ts"]) for e in events if e["user"] == user]
         for (_, step), agg in stage.process((user, mine)):
-            acc = per_step.setdefault(step, mt._accumulator())
-            mt._merge_into(acc, agg)
-    return [per_step.get(s, mt._accumulator()) for s in range(30)]
+            acc = per_step.setdefault(step, accumulator())
+            merge_into(acc, agg)
+    return [per_step.get(s, accumulator()) for s in range(30)]
 
 
 def test_paper_preset_keeps_median_samples_in_the_log_not_the_state():

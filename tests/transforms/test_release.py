@@ -1,6 +1,6 @@
 """The ordered release (release.py) driven directly, on in-memory stand-ins for its state cells:
-the per-key append-only log, the release of every step on the public schedule, late aggregates,
-closing at the horizon, noise identities of stream keys."""
+the release of every step on the public schedule, late aggregates, closing at the horizon,
+noise identities of stream keys."""
 
 import math
 
@@ -11,8 +11,8 @@ from apache_beam.utils.timestamp import Timestamp
 from dp_beam.mechanisms.noise_key import NoiseKey
 from dp_beam.records import InvalidElement
 from dp_beam.transforms.events import INVALID
-from dp_beam.transforms.release import (ACCOUNTING, CLOSED, NOT_ADMITTED, BagLog,
-                                        OrderedReleaseDoFn, ReleaseSpec, key_label)
+from dp_beam.transforms.release import OrderedReleaseDoFn
+from dp_beam.transforms.release_spec import ACCOUNTING, CLOSED, NOT_ADMITTED, ReleaseSpec
 from dp_beam.transforms.schedule import NotAdmitted, StreamStart
 
 
@@ -60,106 +60,6 @@ class Timer:
 
     def set(self, ts):
         self.set_at.append(float(ts))
-
-
-class Counter:
-    def __init__(self):
-        self.n = 0
-
-    def inc(self, n=1):
-        self.n += n
-
-
-# --------------------------------------------------------------------------- BagLog
-
-def test_bag_log_reads_pending_entries_without_reading_the_bag():
-    bag, meta = Bag(), Cell()
-    log = BagLog(bag, meta)
-    for i in (1, 2, 3):
-        log.append(i, f"b{i}")
-    assert log.read(0, 3) == ["b1", "b2", "b3"]
-    assert bag.reads == 0 and log.bag_reads == 0
-    log.flush()
-    assert bag.items == [(1, "b1"), (2, "b2"), (3, "b3")]
-    assert log.stored == 3
-    assert meta.value == (3, 1, None)
-
-
-def test_bag_log_reads_older_entries_once_per_firing_and_counts_them():
-    bag, meta = Bag(), Cell()
-    log = BagLog(bag, meta)
-    for i in (1, 2, 3):
-        log.append(i, i * 10)
-    log.flush()
-    reads = Counter()
-    log = BagLog(bag, meta, reads=reads)
-    log.append(4, 40)
-    assert log.read(1, 4) == [20, 30, 40]
-    assert log.read(0, 2) == [10, 20]
-    assert bag.reads == 1 and log.bag_reads == 1
-    assert reads.n == 3
-
-
-def test_bag_log_compacts_once_released_entries_reach_the_live_ones():
-    bag, meta = Bag(), Cell()
-    compactions = Counter()
-    log = BagLog(bag, meta, compactions=compactions)
-    for i in range(1, 5):
-        log.append(i, i)
-    log.flush()
-    # Releasing 1 of 4 leaves 1 released < 3 live: nothing is rewritten.
-    log = BagLog(bag, meta, compactions=compactions)
-    log.release_before(2)
-    log.append(5, 5)
-    log.flush()
-    assert [i for i, _ in bag.items] == [1, 2, 3, 4, 5]
-    assert bag.clears == 0 and compactions.n == 0
-    # Released 1..3 (3) >= live 4..6 (3): the bag is rewritten with the live entries only.
-    log = BagLog(bag, meta, compactions=compactions)
-    log.release_before(4)
-    log.append(6, 6)
-    log.flush()
-    assert bag.items == [(4, 4), (5, 5), (6, 6)]
-    assert bag.clears == 1 and compactions.n == 1
-    assert meta.value == (3, 4, 4)
-
-
-def test_bag_log_clears_without_reading_when_everything_is_released():
-    bag, meta = Bag(), Cell()
-    log = BagLog(bag, meta)
-    for i in (1, 2):
-        log.append(i, i)
-    log.flush()
-    log = BagLog(bag, meta)
-    log.release_before(3)
-    log.flush()
-    assert bag.items == [] and bag.reads == 0 and bag.clears == 1
-    assert log.stored == 0
-
-
-def test_bag_log_refuses_released_entries_and_keeps_the_release_bound_monotone():
-    bag, meta = Bag(), Cell()
-    log = BagLog(bag, meta)
-    for i in range(1, 5):
-        log.append(i, i)
-    log.release_before(3)
-    log.release_before(2)  # a lower bound never lowers it
-    log.flush()
-    assert meta.value[2] == 3
-    log = BagLog(bag, meta)
-    with pytest.raises(KeyError, match="log entry 1"):
-        log.read(0, 1)
-    assert log.read(2, 4) == [3, 4]
-
-
-def test_bag_log_writes_meta_only_when_it_changes():
-    bag, meta = Bag(), Cell()
-    log = BagLog(bag, meta)
-    log.append(1, "x")
-    log.flush()
-    assert meta.writes == 1
-    BagLog(bag, meta).flush()  # a firing that appends and releases nothing
-    assert meta.writes == 1
 
 
 # --------------------------------------------------------------------------- OrderedReleaseDoFn
@@ -374,17 +274,62 @@ def test_keyed_noise_replays_per_step_and_separates_opening_draws():
     assert all(math.isfinite(x) for x in step)
 
 
-@pytest.mark.parametrize("key", ["a", 3, 2.5, b"x", None, ("a", 1), ("a", (None, b"y"))])
-def test_key_label_keeps_keys_with_a_canonical_encoding(key):
-    assert key_label(key) == key
+# --------------------------------------------------------------------------- the firing's steps
+
+def _drain(generator):
+    """The outputs of a step generator and the value it returns."""
+    outputs = []
+    while True:
+        try:
+            outputs.append(next(generator))
+        except StopIteration as stop:
+            return outputs, stop.value
 
 
-def test_key_label_names_other_keys_by_type_and_repr():
-    class Opaque:
-        def __repr__(self):
-            return "Opaque()"
+def test_until_is_the_last_step_the_watermark_passed_capped_by_end_and_horizon():
+    unbounded = OrderedReleaseDoFn(RunningSpec(), bounded=False, seed=0)
+    assert unbounded._until(Timestamp.of(39.999), first=0) == 2
+    assert unbounded._until(Timestamp.of(40), first=0) == 3
+    ending = OrderedReleaseDoFn(RunningSpec(), bounded=False, seed=0, end_step=2)
+    assert ending._until(Timestamp.of(100), first=0) == 1
+    bounded = OrderedReleaseDoFn(RunningSpec(), bounded=True, seed=0, end_step=9)
+    assert bounded._until(Timestamp.of(0), first=0) == 8
+    capped = OrderedReleaseDoFn(RunningSpec(horizon=3), bounded=True, seed=0, end_step=9)
+    assert capped._until(Timestamp.of(0), first=4) == 6
 
-    label = key_label(Opaque())
-    assert label == ("repr", __name__, "test_key_label_names_other_keys_by_type_and_repr"
-                     ".<locals>.Opaque", "Opaque()")
-    assert key_label(frozenset([1])) == ("repr", "builtins", "frozenset", "frozenset({1})")
+
+def test_late_step_defers_into_the_next_step_or_yields_the_dead_letter():
+    defer = OrderedReleaseDoFn(RunningSpec(), bounded=False, seed=0, allowed_lateness=15)
+    assert _drain(defer._late_step("k", 2, (1.0, 1), 4)) == ([], 4)
+    (out,), step = _drain(defer._late_step("k", 0, (1.0, 2), 4))
+    assert step is None and _payload(out).count == 2
+    drop = OrderedReleaseDoFn(RunningSpec(), bounded=False, seed=0, late="drop")
+    (out,), step = _drain(drop._late_step("k", 3, (1.0, 1), 4))
+    assert step is None
+    assert _payload(out).element["released_through"] == 3
+    assert _drain(drop._late_step("k", 3, (0.0, 0), 4)) == ([], None)
+
+
+def test_closed_reason_tells_unadmitted_ended_and_closed_streams_apart():
+    endless = OrderedReleaseDoFn(RunningSpec(), bounded=False, seed=0)
+    assert endless._closed_reason(Cell()) == NOT_ADMITTED
+    assert endless._closed_reason(Cell(0)) == "the stream is closed"
+    ending = OrderedReleaseDoFn(RunningSpec(), bounded=False, seed=0, end_step=5)
+    assert ending._closed_reason(Cell(0)) == "late: the stream ended at step 4"
+
+
+def test_a_stream_opening_on_data_opens_at_its_earliest_buffered_step():
+    dofn = OrderedReleaseDoFn(RunningSpec(), bounded=False, seed=0, opens="data")
+    s = Stream(dofn)
+    assert _split(s.fire(100)) == ([], [], [])  # nothing buffered: it stays unopened
+    assert s.first.value is None and s.next.value is None
+    s.send(3, (1.0, 1))
+    s.send(2, (2.0, 1))
+    s.send(4, (4.0, 1))
+    assert s.earliest.value == 2 and s.timer.set_at == [40.0, 30.0]
+    releases, ledger, _ = _split(s.fire(40))
+    assert releases == [("k", 2, 2.0, 1), ("k", 3, 3.0, 1)]
+    assert ledger == ["ledger k"]
+    assert s.first.value == 2 and s.earliest.value is None
+    assert s.next.value == 4 and s.buffer.items == [(4, (4.0, 1))]
+    assert s.timer.set_at[-1] == 50.0

@@ -1,21 +1,21 @@
 """Continual mean estimation under user-level privacy (seed 003).
 
-Spec withhold_release_and_composition.md §2 (Algorithms 2, 4, 5, 6, 7), §3
-(bounded values, d dimensions) and §6 (the ambiguities and their canonical
-resolutions). Engine-free: NumPy and OpenDP only, no Beam.
+Algorithms 2, 4, 5, 6 and 7 of George, Ramesh, Singh, Tyagi (arXiv:2212.09980),
+with bounded values in d dimensions; the privacy argument is
+docs/privacy/mean.md (M-1 to M-10). Engine-free: NumPy and OpenDP only, no Beam.
 
 Pieces, each usable on its own:
 
 * :class:`MeanConfig` — the user-facing parameters, frozen and validated,
   taken alike by :class:`MeanParams`, :class:`ContinualMeanMechanism` and the
   Beam transform ``dp_beam.ContinualMean``.
-* :class:`MeanParams` — every canonical constant of §2.9 (L, ε_B, ε_M, β_M,
+* :class:`MeanParams` — every canonical constant of Algorithm 6 (L, ε_B, ε_M, β_M,
   G_ℓ, k_ℓ, γ_ℓ, Δ_ℓ, W_ℓ, noise scales) for both neighbour relations.
 * :func:`withhold_release` — the per-user exponential withhold-release
-  schedule of §2.5 on an O(1) per-user state.
-* :func:`private_median` — Algorithm 7 (§2.8): arrays, quantisation grid and
+  schedule (M-2) on an O(1) per-user state.
+* :func:`private_median` — Algorithm 7 (M-6): arrays, quantisation grid and
   the exponential mechanism.
-* :class:`ContinualMeanCore` — the central part of Algorithm 6 (§2.9): the
+* :class:`ContinualMeanCore` — the central part of Algorithm 6 (M-3 to M-7): the
   L+1 binary mechanisms, buffering of inactive levels, activation, medians and
   the estimate, fed one aggregate (:class:`MeanAggregate`) per time step. The
   Beam transform builds the same aggregates in parallel and feeds the same
@@ -27,7 +27,7 @@ Pieces, each usable on its own:
   :class:`StepPriorMean` for comparisons with the same cap, noise family and
   neighbour relation.
 
-Neighbour relations (spec §2.0, §6 A16)
+Neighbour relations (M-1; AC-7)
     ``neighbours="values"`` is the paper's model: two streams are neighbours
     when one user's *values* differ, the arrival pattern (who sends a sample
     when) being identical and public. Counts, release times, activation times
@@ -47,20 +47,20 @@ Time indexing
     sum of the elements of that step (an empty step feeds zero). Each user
     still puts at most one element into each B_ℓ over the whole stream, so a
     user changes the sequence of tree inputs by at most one element's
-    sensitivity and the tree calibration of §1.2 applies with ``c_u = 1``;
+    sensitivity and the tree calibration of C-3 to C-5 applies with ``c_u = 1``;
     only the depth changes from ``h(n)`` to ``h(horizon in steps)`` (or the
-    unbounded U2 construction). Feeding one sample per step reproduces the
-    paper's schedule exactly. The parameter tables of §2.10 are reproduced by
+    unbounded construction, C-6; M-3). Feeding one sample per step reproduces the
+    paper's schedule exactly. The paper's parameter tables are reproduced by
     :class:`MeanParams` with ``tree_levels=h(n)``.
 
-Sensitivities (spec §2.9 for values; derived here for participation)
-    Values are rescaled to [0, 1] per coordinate (§3.1) and each user's sums
+Sensitivities (M-4 for values, M-5 for participation, M-6 for the medians)
+    Values are rescaled to [0, 1] per coordinate (post-processing) and each user's sums
     are d-vectors.
 
     *values* (replace one user's values): a level-0/1 element is one sample,
     which moves by at most 1 per coordinate; a level-ℓ ≥ 2 element is
     projected onto ``I_ℓ = [c_ℓ − Δ_ℓ, c_ℓ + Δ_ℓ]`` (c_ℓ = 2^{ℓ−1}μ̃_ℓ), so it
-    moves by at most the full width ``W_ℓ = 2Δ_ℓ`` (§6 A2). One user, one
+    moves by at most the full width ``W_ℓ = 2Δ_ℓ`` (M-4). One user, one
     element per tree: tree L1 sensitivity ``d·W_ℓ``, L2 ``√d·W_ℓ``. Medians:
     a user's ≤ 2^{ℓ−1} samples are contiguous, so they touch ≤ 2 arrays and
     the cost ``c(y)`` moves by ≤ 2 (Claim E.1).
@@ -89,15 +89,15 @@ Sensitivities (spec §2.9 for values; derived here for participation)
     choice of which samples fill the arrays up to the activation time) is a
     function of the data through the count tree's noisy output or of public
     quantities only, and the trees of a step are run after the count tree of
-    that step: adaptive sequential composition (§4 R2) gives the total.
+    that step: adaptive sequential composition (AC-2) gives the total.
     Where a user's presence could still shift *which* of another user's
     samples enter an array (the first-arrival order within a bucket), the
     shift stays inside the user's own bucket, which is the one array already
     counted. The within-bucket argument assumes buckets are chosen by a
-    public, data-independent hash (§4 R3).
+    public, data-independent hash (M-6).
 
 Presets
-    ``preset="paper"`` is the spec's Algorithm 6 with its canonical
+    ``preset="paper"`` is the paper's Algorithm 6 with its canonical
     constants (everything below under "Budget split" and the sensitivities
     above). ``preset="tuned"`` (the default) is the same algorithm with
     data-independent, privacy-preserving engineering that makes it beat
@@ -108,18 +108,18 @@ Presets
     each change with its privacy argument; docs/user_mean_accuracy.md has
     the measurements.
 
-Budget split (§2.9 "Privacy budget split"; ``preset="paper"``)
+Budget split (M-7; ``preset="paper"``)
     ε/2 to the binary mechanisms (equal shares over the L+1 value trees, plus
     the count tree under participation) and ε/(2L) to each of the L−1 medians
-    (§6 A5 ``per_L``; ``per_L_minus_1`` gives ε/(2(L−1))). With L ≤ 1 there are
+    (``per_L``; ``per_L_minus_1`` gives ε/(2(L−1))). With L ≤ 1 there are
     no medians and the trees get all of ε. With d coordinates each median is
-    run per coordinate at ``ε_M/d`` (basic composition, §3.3). Gaussian noise
-    (``noise="gaussian"``, §3.3 [EXT]) works in zCDP: ρ = ρ(ε, δ) of §1.2 (a),
+    run per coordinate at ``ε_M/d`` (basic composition, AC-2). Gaussian noise
+    (``noise="gaussian"``) works in zCDP: ρ = ρ(ε, δ) of C-5,
     ρ/2 to the trees and ρ/2 to the d·(L−1) pure-DP medians
     (``ε_m = √(ρ/(d(L−1)))``, each ``ε_m²/2``-zCDP).
 
-Submodules, one concept each: :mod:`.schedule` (§2.5), :mod:`.params` and
-its tuned plan :mod:`.plan` (§2.9, §2.10), :mod:`.median` (Algorithm 7),
+Submodules, one concept each: :mod:`.schedule` (M-2), :mod:`.params` and
+its tuned plan :mod:`.plan` (M-7, M-8), :mod:`.median` (Algorithm 7),
 :mod:`.aggregate` and :mod:`.core` (Algorithm 6), :mod:`.stream` (the
 engine-free whole) and :mod:`.baselines`; the exponential mechanism is
 :mod:`dp_beam.mechanisms.exponential`. Every name is re-exported here.

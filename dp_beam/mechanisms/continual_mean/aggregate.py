@@ -1,15 +1,19 @@
 """What one time step contributes to a stream of Algorithm 6 (seed 003).
 
-Spec withhold_release_and_composition.md §2.9: :func:`contribution` turns one
+docs/privacy/mean.md M-2 to M-5: :func:`contribution` turns one
 user's sample into a :class:`MeanAggregate` (per user, in parallel; with
-Algorithm 7 the only reader of sample values, A6-15); aggregates merge per
+Algorithm 7 the only reader of sample values, so the rest is
+post-processing, AC-5); aggregates merge per
 step and feed :class:`~.core.ContinualMeanCore`. The Beam transform and the
 engine-free :class:`~.stream.ContinualMeanMechanism` build the same aggregates.
 """
 
+from typing import Any
+
 import numpy as np
 
-from .schedule import element_size, withhold_release
+from .params import MeanParams
+from .schedule import UserState, element_size, withhold_release
 
 __all__ = [
     "MeanAggregate",
@@ -41,7 +45,7 @@ class MeanAggregate:
 
     __slots__ = ("events", "counts", "low", "n_low", "prefix", "proj", "a_inc", "samples", "max_count")
 
-    def __init__(self, params=None):
+    def __init__(self, params: Any = None) -> None:
         self.events = 0
         self.counts = {}
         self.low = {}
@@ -52,7 +56,7 @@ class MeanAggregate:
         self.samples = []
         self.max_count = 0
 
-    def merge(self, other):
+    def merge(self, other: "MeanAggregate") -> "MeanAggregate":
         out = MeanAggregate()
         out.events = self.events + other.events
         for name in ("counts", "low", "n_low", "prefix", "proj", "a_inc"):
@@ -83,11 +87,11 @@ def _rebuild_aggregate(fields):
 _rebuild_aggregate.__module__ = __package__
 
 
-def contribution(params, state, x, step=0):
+def contribution(params: MeanParams, state: UserState, x: Any, step: int = 0) -> MeanAggregate:
     """One user's sample x ∈ [0,1]^d → its :class:`MeanAggregate` (per-user, parallel part).
 
     ``state`` (a :class:`UserState`) is updated in place. This is the only
-    place besides Algorithm 7 that reads sample values (A6-15); every projection
+    place besides Algorithm 7 that reads sample values (AC-5); every projection
     happens here, for every candidate prior.
     """
     store_upto = element_size(max(params.median_levels)) if params.median_levels else 0

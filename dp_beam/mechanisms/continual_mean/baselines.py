@@ -1,14 +1,14 @@
 """Baselines of Algorithm 6 (seed 003), for the benchmarks and tests.
 
-Spec withhold_release_and_composition.md §2.3 (Algorithm 2,
-:class:`NaiveMean`), §2.6 (Algorithm 4, :class:`SingleTreeMean`) and §2.7
-(Algorithm 5, :class:`MultiTreeMean`), element-indexed as in the paper with
-scalar values in [0, 1], and their per-time-step forms :class:`StepNaiveMean`
-and :class:`StepPriorMean` with the same cap, noise family and neighbour
-relation as Algorithm 6.
+Algorithms 2 (:class:`NaiveMean`), 4 (:class:`SingleTreeMean`) and 5
+(:class:`MultiTreeMean`) of arXiv:2212.09980 (privacy: docs/privacy/mean.md
+M-10), element-indexed as in the paper with scalar values in [0, 1], and their
+per-time-step forms :class:`StepNaiveMean` and :class:`StepPriorMean` with the
+same cap, noise family and neighbour relation as Algorithm 6.
 """
 
 import math
+from typing import Any, Dict, Iterable, Optional, Tuple
 
 import numpy as np
 
@@ -56,19 +56,20 @@ class _Baseline:
 
 
 class NaiveMean(_Baseline):
-    """Algorithm 2 (§2.3): every sample into one tree, η = m·h(T)/ε; samples past m dropped."""
+    """Algorithm 2 (M-10): every sample into one tree, η = m·h(T)/ε; samples past m dropped."""
 
-    def __init__(self, max_users, max_samples_per_user, epsilon, rng=None):
+    def __init__(self, max_users: int, max_samples_per_user: int, epsilon: float,
+                 rng: Any = None) -> None:
         super().__init__(max_users, max_samples_per_user, epsilon, rng)
         self.T = self.n * self.m
         self.tree = BinaryTreeMechanism(self.epsilon, sensitivity=self.m, horizon=self.T, rng=self.source)
         self.dropped = 0
 
     @property
-    def eta(self):
+    def eta(self) -> float:
         return self.tree.noise_scales(1)[0]
 
-    def step(self, x, user):
+    def step(self, x: float, user: Any) -> float:
         st = self._user(user)
         if st.count >= self.m:
             self.dropped += 1
@@ -103,18 +104,18 @@ class _PriorMean(_Baseline):
 
 
 class SingleTreeMean(_PriorMean):
-    """Algorithm 4 (§2.6): one tree of horizon nE, η = E·h(nE)·W_max/ε (eq. (5))."""
+    """Algorithm 4 (M-10): one tree of horizon nE, η = E·h(nE)·W_max/ε (eq. (5))."""
 
-    def __init__(self, *args, **kwargs):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.tree = BinaryTreeMechanism(self.epsilon, sensitivity=self.E * max(self.width.values()),
                                         horizon=self.n * self.E, rng=self.source)
 
     @property
-    def eta(self):
+    def eta(self) -> float:
         return self.tree.noise_scales(1)[0]
 
-    def step(self, x, user):
+    def step(self, x: float, user: Any) -> float:
         lv, value = self._element(x, user)
         if lv is not None:
             self.tree.step(value)
@@ -122,19 +123,19 @@ class SingleTreeMean(_PriorMean):
 
 
 class MultiTreeMean(_PriorMean):
-    """Algorithm 5 (§2.7): B_0..B_L of horizon n at ε/(L+1) each, η_ℓ = (L+1)h(n)W_ℓ/ε (eq. (7))."""
+    """Algorithm 5 (M-10): B_0..B_L of horizon n at ε/(L+1) each, η_ℓ = (L+1)h(n)W_ℓ/ε (eq. (7))."""
 
-    def __init__(self, *args, **kwargs):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.trees = {lv: BinaryTreeMechanism(self.epsilon / self.E, sensitivity=self.width[lv],
                                               horizon=self.n, rng=self.source)
                       for lv in range(self.L + 1)}
 
     @property
-    def eta(self):
+    def eta(self) -> Dict[int, float]:
         return {lv: tr.noise_scales(1)[0] for lv, tr in self.trees.items()}
 
-    def step(self, x, user):
+    def step(self, x: float, user: Any) -> float:
         lv, value = self._element(x, user)
         if lv is not None:
             self.trees[lv].step(value)
@@ -176,7 +177,7 @@ def _counters_cost(trees, noise, delta):
 
 
 class StepNaiveMean:
-    """Algorithm 2 (spec §2.3) stepped once per time step, for like-for-like comparisons.
+    """Algorithm 2 (M-10) stepped once per time step, for like-for-like comparisons.
 
     A continual counter over the steps takes each step's sum of the new
     samples (rescaled to [0, 1]; a user's samples past the cap m are dropped).
@@ -197,8 +198,10 @@ class StepNaiveMean:
     1.0
     """
 
-    def __init__(self, lower, upper, max_samples_per_user, epsilon, *, neighbours="participation",
-                 noise=None, delta=None, horizon=None, mechanism=None, rng=None):
+    def __init__(self, lower: float, upper: float, max_samples_per_user: int, epsilon: float, *,
+                 neighbours: str = "participation", noise: Optional[str] = None,
+                 delta: Optional[float] = None, horizon: Optional[int] = None,
+                 mechanism: Optional[str] = None, rng: Any = None) -> None:
         self.lower, self.upper = rescale_setup(lower, upper, 1)
         self.m = positive_int("max_samples_per_user", max_samples_per_user)
         self.epsilon = positive_real("epsilon", epsilon)
@@ -219,11 +222,11 @@ class StepNaiveMean:
         self.N = 0
         self.dropped = 0
 
-    def step(self, samples=()):
+    def step(self, samples: Iterable[Tuple[Any, float]] = ()) -> float:
         """Consume one step's ``(user, value)`` pairs; return the estimate in ``[lower, upper]`` units."""
         return self.release(*self.prepare(samples))
 
-    def prepare(self, samples):
+    def prepare(self, samples: Iterable[Tuple[Any, float]]) -> Tuple[float, int]:
         """The noise-free part of a step: cap, clamp, rescale; returns ``(sum in [0,1] units, count)``.
 
         Depends on the data only, so a benchmark can prepare a stream once and
@@ -241,7 +244,7 @@ class StepNaiveMean:
             n += 1
         return total, n
 
-    def release(self, total, n):
+    def release(self, total: float, n: int) -> float:
         """Feed one step's prepared ``(sum, count)`` to the counters; return the estimate."""
         R = float(self.upper[0] - self.lower[0])
         self.N += n
@@ -260,8 +263,10 @@ class StepNaiveMean:
                               self.noise, self.delta)
 
 
-def prior_truncation(max_users, max_samples_per_user, beta=0.1, tau=None):
-    """Eq. (4) of Algorithms 4 and 5 (§2.6): ``(E, τ, {ℓ: Δ_ℓ}, {ℓ: W_ℓ})`` for ℓ >= 1 (W_0 = 1).
+def prior_truncation(max_users: int, max_samples_per_user: int, beta: float = 0.1,
+                     tau: Optional[float] = None
+                     ) -> Tuple[int, float, Dict[int, float], Dict[int, float]]:
+    """Eq. (4) of Algorithms 4 and 5 (M-10): ``(E, τ, {ℓ: Δ_ℓ}, {ℓ: W_ℓ})`` for ℓ >= 1 (W_0 = 1).
 
     >>> E, tau, D, W = prior_truncation(1000, 16)
     >>> E, round(tau, 6), round(D[4], 4)
@@ -279,7 +284,7 @@ def prior_truncation(max_users, max_samples_per_user, beta=0.1, tau=None):
 
 
 class StepPriorMean:
-    """Algorithms 4 (``trees="single"``, §2.6) and 5 (``trees="multi"``, §2.7) with a given
+    """Algorithms 4 (``trees="single"``) and 5 (``trees="multi"``; M-10) with a given
     prior μ̃, stepped once per time step.
 
     The withhold-release schedule and the truncation Π_ℓ around 2^{ℓ−1}μ̃ of
@@ -298,8 +303,11 @@ class StepPriorMean:
     [0.3, 0.5]
     """
 
-    def __init__(self, lower, upper, max_samples_per_user, epsilon, *, prior, max_users, trees="multi",
-                 beta=0.1, tau=None, noise=None, delta=None, horizon=None, mechanism=None, rng=None):
+    def __init__(self, lower: float, upper: float, max_samples_per_user: int, epsilon: float, *,
+                 prior: float, max_users: int, trees: str = "multi", beta: float = 0.1,
+                 tau: Optional[float] = None, noise: Optional[str] = None,
+                 delta: Optional[float] = None, horizon: Optional[int] = None,
+                 mechanism: Optional[str] = None, rng: Any = None) -> None:
         if trees not in ("single", "multi"):
             raise ValueError(f"trees must be 'single' or 'multi', got {trees!r}")
         self.trees_kind = trees
@@ -322,11 +330,11 @@ class StepPriorMean:
         self.users = {}
         self.N = 0
 
-    def step(self, samples=()):
+    def step(self, samples: Iterable[Tuple[Any, float]] = ()) -> float:
         """Consume one step's ``(user, value)`` pairs; return the estimate in ``[lower, upper]`` units."""
         return self.release(*self.prepare(samples))
 
-    def prepare(self, samples):
+    def prepare(self, samples: Iterable[Tuple[Any, float]]) -> Tuple[Dict[Any, float], int]:
         """The noise-free part of a step (schedule, truncation): ``(per-tree sums, samples represented)``."""
         R = float(self.upper[0] - self.lower[0])
         sums = {key: 0.0 for key in self.trees}
@@ -348,7 +356,7 @@ class StepPriorMean:
             represented += element_size(lv)
         return sums, represented
 
-    def release(self, sums, represented):
+    def release(self, sums: Dict[Any, float], represented: int) -> float:
         """Feed one step's prepared sums to the counters; return the estimate."""
         R = float(self.upper[0] - self.lower[0])
         self.N += represented

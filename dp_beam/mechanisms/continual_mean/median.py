@@ -1,6 +1,6 @@
 """Algorithm 7 of seed 003: the private median that gives a truncated level its prior.
 
-Spec withhold_release_and_composition.md §2.8: arrays of a level's first
+docs/privacy/mean.md M-6: arrays of a level's first
 samples (contiguous under ``"values"``, hashed per user under
 ``"participation"``, see the package docstring), the quantisation grid T_ℓ
 and the exponential mechanism (:mod:`dp_beam.mechanisms.exponential`) on the
@@ -8,11 +8,15 @@ median cost. Only ``preset="paper"`` runs it; the grid serves both presets.
 """
 
 import hashlib
+from typing import TYPE_CHECKING, Any, Mapping, Sequence, Tuple
 
 import numpy as np
 
 from ..exponential import exponential_mechanism
 from .schedule import element_size
+
+if TYPE_CHECKING:   # params imports this module
+    from .params import MeanParams
 
 __all__ = [
     "grid",
@@ -27,19 +31,19 @@ def _bucket(uhash, level, k):
     return int.from_bytes(digest[:8], "big") % k
 
 
-def grid(G):
-    """Candidate set ``T_ℓ = {(j+½)/G}`` (§2.8, §6 A7)."""
+def grid(G: int) -> np.ndarray:
+    """Candidate set ``T_ℓ = {(j+½)/G}`` (M-6)."""
     return (np.arange(G) + 0.5) / G
 
 
-def quantize(y, G):
-    """``Q_ℓ(y) = (min(⌊yG⌋, G−1) + ½)/G`` (§2.8)."""
+def quantize(y: Any, G: int) -> np.ndarray:
+    """``Q_ℓ(y) = (min(⌊yG⌋, G−1) + ½)/G`` (M-6)."""
     y = np.asarray(y, dtype=np.float64)
     return (np.minimum(np.floor(y * G), G - 1) + 0.5) / G
 
 
-def median_cost(quantized, candidates):
-    """``c(y) = max(#{Ỹ < y}, #{Ỹ > y})`` for each candidate (§2.8 step 7)."""
+def median_cost(quantized: Any, candidates: Any) -> np.ndarray:
+    """``c(y) = max(#{Ỹ < y}, #{Ỹ > y})`` for each candidate (M-6; Algorithm 7 step 7)."""
     q = np.asarray(quantized, dtype=np.float64).reshape(-1, 1)
     y = np.asarray(candidates, dtype=np.float64).reshape(1, -1)
     below = (q < y).sum(axis=0)
@@ -48,7 +52,7 @@ def median_cost(quantized, candidates):
 
 
 def _contiguous_arrays(store, s, k):
-    """PM-1: k arrays of s samples from each user's first min(M_u, s) samples, users in first-arrival order.
+    """k arrays of s samples from each user's first min(M_u, s) samples, users in first-arrival order (M-6).
 
     ``store`` maps ``(first_step, uhash)`` → list of samples in per-user order.
     Returns the list of array means (each a d-vector).
@@ -82,12 +86,13 @@ def _hashed_arrays(store, s, k, level):
     return [acc / s for acc, n in (buckets[b] for b in sorted(buckets)) if n == s]
 
 
-def private_median(level, store, params, source):
-    """Algorithm 7 (§2.8): a private prior μ̃_ℓ ∈ T_ℓ per coordinate; returns the grid indices.
+def private_median(level: int, store: Mapping[Tuple[int, int], Sequence[np.ndarray]],
+                   params: "MeanParams", source: Any) -> np.ndarray:
+    """Algorithm 7 (M-6): a private prior μ̃_ℓ ∈ T_ℓ per coordinate; returns the grid indices.
 
     ``store`` maps each user's public order key ``(first_step, uhash)`` to its
     first samples. Values: contiguous arrays, exactly k_ℓ of them (the
-    activation condition guarantees them, PM-6), cost sensitivity 2. Participation:
+    activation condition guarantees them, M-6), cost sensitivity 2. Participation:
     hashed arrays, the full ones, cost sensitivity 1. Each coordinate is an
     independent exponential mechanism at ``ε_M/d`` (Laplace) or ``ε_m`` (zCDP).
     """

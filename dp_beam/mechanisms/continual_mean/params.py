@@ -28,27 +28,27 @@ __all__ = [
 
 
 class MeanParams(TunedPlan):
-    """Every constant of Algorithm 6 (spec §2.9), for [0,1]-rescaled values.
+    """Every constant of Algorithm 6 (docs/privacy/mean.md M-3 to M-7), for [0,1]-rescaled values.
 
     ``max_users`` (n) and ``max_samples_per_user`` (m) are configuration upper
-    bounds (§6 A15); ``beta`` only affects Δ_ℓ, k_ℓ, the prior accuracy
-    targets and reported bounds, never privacy (§6 A6). ``tree_levels`` fixes
+    bounds (M-3); ``beta`` only affects Δ_ℓ, k_ℓ, the prior accuracy
+    targets and reported bounds, never privacy (M-7). ``tree_levels`` fixes
     the tree depth used by :meth:`noise_scale` (the paper's ``h(n)``; default
     ``h(n)``); the actual trees take their depth from their horizon.
 
     ``noise=None`` means ``"gaussian"`` when ``delta`` is given, else
     ``"laplace"`` (pure ε stays the default without δ, so that a pipeline
     can compose it with pure-ε transforms under an ε-only budget).
-    ``mechanism=None`` means the spec's binary tree for ``preset="paper"`` and
+    ``mechanism=None`` means the binary tree (C-3) for ``preset="paper"`` and
     ``default_mechanism(noise, horizon)`` (the most accurate continual
     counter for the noise family) for ``preset="tuned"``.
 
     Presets
     -------
-    ``preset="paper"`` is §2.9 with the canonical constants: equal shares of
+    ``preset="paper"`` is Algorithm 6 with the canonical constants (M-7): equal shares of
     ε/2 (ρ/2) over the L+1 value trees (and the count tree), ε/(2L) per
-    median (Algorithm 7), W_ℓ = 2Δ_ℓ. It reproduces the §2.10 tables
-    (``tree_levels=h(n)``) and is what the tests of the spec use.
+    median (Algorithm 7), W_ℓ = 2Δ_ℓ (M-4). It reproduces the paper's parameter
+    tables (``tree_levels=h(n)``) and is what the property tests use.
 
     ``preset="tuned"`` (default) keeps the algorithm (withhold-release,
     truncation of each level around a per-level prior, buffering until a
@@ -56,14 +56,14 @@ class MeanParams(TunedPlan):
     constants, how the levels share noise, and where the prior comes from.
     Each change and its privacy argument:
 
-    * *tight range* (§2.10 "Practical remark", §3.1). A level-ℓ sum lies in
+    * *tight range* (M-8 (a); rescaling: M-4). A level-ℓ sum lies in
       ``[0, s]^d`` (s = 2^{ℓ−1}), so clipping it to ``I_ℓ`` lands in
       ``J_ℓ = I_ℓ ∩ [0, s]``, whose width is ``<= min(2Δ_ℓ, s)``: that is the
       per-coordinate element width under ``"values"``. Under
       ``"participation"`` the element is centred at the midpoint of ``J_ℓ``
       (a function of the prior only), so its magnitude is ``<= min(Δ_ℓ, s/2)``
       per coordinate (half the width of J_ℓ).
-    * *skip trivial levels* (§2.10). When ``2Δ_ℓ >= s`` truncation cannot
+    * *skip trivial levels* (M-8 (b)). When ``2Δ_ℓ >= s`` truncation cannot
       shrink the width below the raw range s, so the level takes no prior:
       it is active from the first step and its raw sums are used (width s,
       centred magnitude s/2 under participation), like levels 0 and 1. The
@@ -81,7 +81,7 @@ class MeanParams(TunedPlan):
       point, as for the medians). It is post-processing of released outputs,
       so it costs no budget and needs no sample store; the value trees'
       later inputs are then chosen from earlier outputs, the adaptive
-      sequential composition (§4 R2) that the count tree's activation
+      sequential composition (AC-2) that the count tree's activation
       already relies on (each tree's calibration holds for any prior, since
       Δ_ℓ does not depend on it). A continual counter fed such adaptively
       chosen inputs keeps its guarantee: with independent Laplace node noises
@@ -166,7 +166,7 @@ class MeanParams(TunedPlan):
       steps, so every sensitivity above holds unchanged; the released sums
       then cover every sample up to 2^L instead of 2^{⌊log2 M_u⌋} per user.
       Truncated levels still withhold (their elements must be complete to be
-      clipped), and ``preset="paper"`` withholds every level (§2.5).
+      clipped), and ``preset="paper"`` withholds every level (M-2).
     * *a small count tree* (participation). Untruncated levels share the
       centre ½ per sample, so one coordinate counts their samples in units
       of ``S_u = Σ s_ℓ`` over those levels (a user adds at most 1); each
@@ -208,7 +208,7 @@ class MeanParams(TunedPlan):
     >>> p = MeanParams(1000, 16, 1.0, 0.1, neighbours="values", preset="paper")
     >>> p.L, p.eps_tree, p.eps_median, [p.k[l] for l in (2, 3, 4)]
     (4, 0.1, 0.125, [702, 791, 791])
-    >>> round(p.noise_scale(4), 1)   # η_4 of §2.10 config A
+    >>> round(p.noise_scale(4), 1)   # η_4 of the paper preset, n = 1000, m = 16 (M-7)
     3241.6
     >>> t = MeanParams(10_000, 512, 1.0, delta=1e-6, horizon=365)
     >>> t.noise, t.mechanism, t.prior_levels, t.median_levels
@@ -270,7 +270,7 @@ class MeanParams(TunedPlan):
             raise AttributeError(f"MeanParams is read-only after construction: cannot set {name!r}")
         object.__setattr__(self, name, value)
 
-    # -- preset "paper": §2.9 canonical constants ---------------------------------
+    # -- preset "paper": canonical constants (M-7) ---------------------------------
 
     def _init_paper(self):
         L, d = self.L, self.dim
@@ -290,7 +290,7 @@ class MeanParams(TunedPlan):
             self.eps_tree = tree_share / n_trees                      # ε/(2(L+1)) (values)
             if n_medians:
                 div = L if self.median_budget == "per_L" else L - 1
-                self.eps_median = self.epsilon / (2 * div)            # ε/(2L), §6 A5
+                self.eps_median = self.epsilon / (2 * div)            # ε/(2L), M-6, M-7
             else:
                 self.eps_median = None
             self.rho_tree = None
@@ -311,8 +311,8 @@ class MeanParams(TunedPlan):
         keys = self.levels + (["count"] if self.participation else [])
         self.eps_level = {key: self.eps_tree for key in keys}
         self.rho_level = {key: self.rho_tree for key in keys} if self.noise == "gaussian" else None
-        self.beta_median = self.beta / (6 * L) if L >= 1 else self.beta   # §6 A6
-        # Union bounds over coordinates use β/d (§3.3, §6 A18).
+        self.beta_median = self.beta / (6 * L) if L >= 1 else self.beta   # accuracy only (M-7)
+        # Union bounds over coordinates use β/d (accuracy only, M-7).
         beta_m = self.beta_median / d
         beta_c = self.beta / d
 
@@ -357,7 +357,7 @@ class MeanParams(TunedPlan):
         """``Σ_ℓ sens_ℓ`` over all levels: the sensitivity one tree for all levels would need."""
         return sum(self.tree_sensitivity(lv) for lv in self.levels)
 
-    # Sensitivity of one user's whole contribution to a tree (§1.2 with c_u = 1).
+    # Sensitivity of one user's whole contribution to a tree: one element per tree (M-3).
     def tree_sensitivity(self, level: int) -> float:
         """Per-user sensitivity of B_ℓ's input sequence: L1 ``d·e_ℓ`` (Laplace), L2 ``√d·e_ℓ`` (Gaussian)."""
         factor = self.dim if self.noise == "laplace" else math.sqrt(self.dim)
@@ -373,7 +373,7 @@ class MeanParams(TunedPlan):
         """Node noise scale of B_ℓ (or ``"count"``) for a tree of ``levels`` levels (default ``tree_levels``).
 
         Laplace ``η_ℓ = h·sens_ℓ/ε_ℓ`` (eq. (10)); Gaussian σ for L2 sensitivity
-        ``√h·sens_ℓ`` at ρ_ℓ (§1.2).
+        ``√h·sens_ℓ`` at ρ_ℓ (C-4, C-5).
         """
         levels = self.tree_levels if levels is None else levels
         sens = self.count_sensitivity() if level == "count" else self.group_sensitivity(level)
@@ -392,7 +392,7 @@ class MeanParams(TunedPlan):
         return grid(self.G[level])
 
     def privacy_cost(self) -> Cost:
-        """Total cost of the whole output sequence (§2.9, Lemma 2.2)."""
+        """Total cost of the whole output sequence (M-7, M-8; Lemma 2.2 of arXiv:2212.09980)."""
         trees = list(self.eps_level)
         if self.noise == "laplace":
             eps = sum(self.eps_level[key] for key in trees)
@@ -403,5 +403,5 @@ class MeanParams(TunedPlan):
         return Cost.gaussian(rho, self.delta, epsilon=eps_from_rho_delta(rho, self.delta))
 
     def activation_threshold(self, level: int) -> int:
-        """Samples ``2^{ℓ−1}·k_ℓ`` that activate B_ℓ (§2.9 "Line 9"; median prior only)."""
+        """Samples ``2^{ℓ−1}·k_ℓ`` that activate B_ℓ (line 9 of Algorithm 6; median prior only)."""
         return element_size(level) * self.k[level]

@@ -1,7 +1,7 @@
 """The tuned preset's data-independent plan for :class:`~.params.MeanParams` (seed 003).
 
-Spec withhold_release_and_composition.md §2.9, §2.10 ("Practical remark")
-and §3: the tuning constants, the choice of the prior ratio θ and of the
+docs/privacy/mean.md M-8 (the tuned preset keeps the guarantee of M-3 to M-7):
+the tuning constants, the choice of the prior ratio θ and of the
 prior query by a model of the end-of-stream error
 (:meth:`TunedPlan.planned_error`), the value trees, the count-tree weights
 and the budget split by use. The inputs are the declared configuration,

@@ -1,11 +1,13 @@
 """The per-user withhold-release schedule of Algorithm 6 (seed 003).
 
-Spec withhold_release_and_composition.md §2.5: a user's samples are summed
+docs/privacy/mean.md M-2: a user's samples are summed
 into elements of doubling size (1, 1, 2, 4, … samples); the level-ℓ element
 is released when the user's count reaches 2^ℓ, on an O(d) per-user state
 (:class:`UserState`). :func:`user_hash` is the public, data-independent hash
-that orders users and assigns them to median buckets (§4 R3).
+that orders users and assigns them to median buckets (M-6).
 """
+
+from typing import Any, Dict, Optional, Tuple
 
 import numpy as np
 
@@ -21,21 +23,21 @@ __all__ = [
 ]
 
 
-def user_hash(user):
+def user_hash(user: Any) -> int:
     """A public, stable 63-bit hash of a user id (same on every worker and run)."""
     return stable_hash(user) >> 1
 
 
-def element_size(level):
-    """Samples summed in a level-ℓ element: 1 for ℓ ≤ 1, else 2^{ℓ−1} (§2.5)."""
+def element_size(level: int) -> int:
+    """Samples summed in a level-ℓ element: 1 for ℓ ≤ 1, else 2^{ℓ−1} (M-2)."""
     return 1 if level <= 1 else 1 << (level - 1)
 
 
-def release_level(count, top):
+def release_level(count: int, top: int) -> Optional[int]:
     """The level released when a user's count reaches ``count``, or None.
 
-    ``count = 2^ℓ`` with ``ℓ <= top`` releases level ℓ (§2.5); other counts
-    withhold, and counts past ``2^top`` are never released (WR-6).
+    ``count = 2^ℓ`` with ``ℓ <= top`` releases level ℓ; other counts
+    withhold, and counts past ``2^top`` are never released (M-2).
     """
     if count >= 1 and count & (count - 1) == 0:
         level = count.bit_length() - 1
@@ -44,8 +46,8 @@ def release_level(count, top):
     return None
 
 
-def represented_count(count, top):
-    """Samples of a user with ``count`` samples that released elements cover: 2^{⌊log2 M⌋} (§2.5)."""
+def represented_count(count: int, top: int) -> int:
+    """Samples of a user with ``count`` samples that released elements cover: 2^{⌊log2 M⌋} (M-2)."""
     if count <= 0:
         return 0
     return 1 << min(count.bit_length() - 1, top)
@@ -54,13 +56,15 @@ def represented_count(count, top):
 class UserState:
     """Per-user state of the schedule: count M_u, running segment sum s_u, first step, hash.
 
-    O(d) numbers per user (spec §2.5 "Implementation"). Plain tuple form via
+    O(d) numbers per user (M-2). Plain tuple form via
     :meth:`to_tuple` for Beam state cells.
     """
 
     __slots__ = ("count", "segment", "first_step", "uhash", "covered")
 
-    def __init__(self, count=0, segment=None, first_step=None, uhash=0, covered=None):
+    def __init__(self, count: int = 0, segment: Optional[np.ndarray] = None,
+                 first_step: Optional[int] = None, uhash: int = 0,
+                 covered: Optional[np.ndarray] = None) -> None:
         self.count = count
         self.segment = segment
         self.first_step = first_step
@@ -69,13 +73,13 @@ class UserState:
         # (its first 2^{⌊log2 M_u⌋}), whose mean the query reads.
         self.covered = covered
 
-    def to_tuple(self):
+    def to_tuple(self) -> Tuple[Any, ...]:
         seg = None if self.segment is None else tuple(float(v) for v in self.segment)
         cov = None if self.covered is None else tuple(float(v) for v in self.covered)
         return (self.count, seg, self.first_step, self.uhash, cov)
 
     @classmethod
-    def from_tuple(cls, t):
+    def from_tuple(cls, t: Optional[Tuple[Any, ...]]) -> "UserState":
         if t is None:
             return cls()
         count, seg, first, uh, cov = t
@@ -83,8 +87,9 @@ class UserState:
                    None if cov is None else np.asarray(cov, dtype=np.float64))
 
 
-def withhold_release(state, x, top, store_upto, step=0):
-    """Consume one sample x (a d-vector in [0,1]^d) of one user (spec §2.5, §2.9 lines 6–8, 14–18).
+def withhold_release(state: UserState, x: Any, top: int, store_upto: int,
+                     step: int = 0) -> Dict[str, Any]:
+    """Consume one sample x (a d-vector in [0,1]^d) of one user (M-2; Algorithm 6 lines 6–8, 14–18).
 
     Returns a dict with the user's new ``count``, the released ``level`` and
     raw ``element`` (or None), and ``sample`` = x when the sample's index is at

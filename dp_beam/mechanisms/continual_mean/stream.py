@@ -42,7 +42,7 @@ class ContinualMeanMechanism:
     ``[lower, upper]`` (per coordinate for ``dim > 1``) and rescaled to [0,1]
     (docs/privacy/mean.md M-4). A user's samples beyond ``max_samples_per_user`` are ignored and
     counted in :attr:`ignored` (M-2); samples past 2^L are accepted but never
-    released (WR-6).
+    released (M-2).
 
     More than ``max_users`` users: a step that brings the user count above n
     raises ``ValueError`` before it consumes anything (the stream is left as it

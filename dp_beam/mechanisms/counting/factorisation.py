@@ -28,17 +28,16 @@ import numpy as np
 
 from ...accounting.cost import Cost
 from ..calibration import gaussian_sigma, laplace_scale
-from ..checks import check_step_index
-from ..noise import NoiseSource, gaussian_halfwidth, make_noise
+from ..noise import gaussian_halfwidth, make_noise
 from ..noise_grid import grid_padded_scale, round_to_grid
 from .intervals import laplace_combination_halfwidth
 from .parameters import (
+    CounterParameters,
     check_calibration,
     check_delta,
     check_dim,
     check_epsilon,
     check_horizon,
-    check_input,
     check_noise,
     check_sensitivity,
     privacy_cost,
@@ -84,7 +83,7 @@ def prefix_sum_lower_bound(horizon: int) -> float:
 # -- the shared mechanism ---------------------------------------------------------
 
 
-class FactorisationMechanism:
+class FactorisationMechanism(CounterParameters):
     """Base of the streaming factorisation mechanisms (constructor as the tree's).
 
     Subclasses set ``name``, ``STATE_VERSION``, ``LAPLACE`` (whether Laplace
@@ -172,62 +171,6 @@ class FactorisationMechanism:
     @classmethod
     def _laplace_refusal(cls):
         return "Laplace noise is not offered"
-
-    # -- validation (same messages as the tree) --------------------------------
-
-    def _check_t(self, t):
-        t = check_step_index(t)
-        if self._horizon is not None and t > self._horizon:
-            raise ValueError(f"t must be <= horizon ({self._horizon}), got {t}")
-        return t
-
-    def _check_x(self, x):
-        return check_input(x, self._dim)
-
-    # -- public parameters --------------------------------------------------------
-
-    @property
-    def epsilon(self) -> float:
-        return self._epsilon
-
-    @property
-    def sensitivity(self) -> float:
-        return self._sensitivity
-
-    @property
-    def horizon(self) -> Optional[int]:
-        return self._horizon
-
-    @property
-    def noise(self) -> str:
-        return self._noise
-
-    @property
-    def delta(self) -> Optional[float]:
-        return self._delta
-
-    @property
-    def dim(self) -> int:
-        return self._dim
-
-    @property
-    def calibration(self) -> str:
-        return self._calibration
-
-    @property
-    def noise_source(self) -> NoiseSource:
-        """The NoiseSource noise is drawn from."""
-        return self._source
-
-    @property
-    def rho(self) -> float:
-        """ρ such that the whole output sequence is ρ-zCDP."""
-        return self._rho
-
-    @property
-    def t(self) -> int:
-        """Number of steps consumed."""
-        return self._t
 
     # -- epochs ---------------------------------------------------------------------
 

@@ -15,9 +15,12 @@ import numpy as np
 
 from ...accounting.cost import Cost
 from ..calibration import CALIBRATIONS, gaussian_sigma, rho_from_eps, rho_from_eps_delta
+from ..checks import check_step_index
+from ..noise import NoiseSource
 
 __all__ = [
     "NOISE_KINDS",
+    "CounterParameters",
     "check_calibration",
     "check_delta",
     "check_dim",
@@ -185,3 +188,67 @@ def restore_parameters(cls: type, state: Any, rng: Any, fields: Sequence[str]) -
     if isinstance(t, bool) or not isinstance(t, numbers.Integral) or t < 0:
         raise ValueError(f"state t must be an int >= 0, got {t!r}")
     return mech, int(t), values
+
+
+class CounterParameters:
+    """The validated public parameters every continual counter exposes, and its input checks.
+
+    :class:`~.tree.BinaryTreeMechanism` and
+    :class:`~.factorisation.FactorisationMechanism` set the attributes in
+    their constructors; the accessors and the step and input checks (with
+    the same error messages for every counter) are written once here.
+    """
+
+    def _check_t(self, t):
+        t = check_step_index(t)
+        if self._horizon is not None and t > self._horizon:
+            raise ValueError(f"t must be <= horizon ({self._horizon}), got {t}")
+        return t
+
+    def _check_x(self, x):
+        return check_input(x, self._dim)
+
+    # -- public parameters ----------------------------------------------------
+
+    @property
+    def epsilon(self) -> float:
+        return self._epsilon
+
+    @property
+    def sensitivity(self) -> float:
+        return self._sensitivity
+
+    @property
+    def horizon(self) -> Optional[int]:
+        return self._horizon
+
+    @property
+    def noise(self) -> str:
+        return self._noise
+
+    @property
+    def delta(self) -> Optional[float]:
+        return self._delta
+
+    @property
+    def dim(self) -> int:
+        return self._dim
+
+    @property
+    def calibration(self) -> str:
+        return self._calibration
+
+    @property
+    def noise_source(self) -> NoiseSource:
+        """The :class:`~dp_beam.mechanisms.noise.NoiseSource` nodes draw from."""
+        return self._source
+
+    @property
+    def rho(self) -> float:
+        """ρ such that the whole output sequence is ρ-zCDP (C-4, C-5)."""
+        return self._rho
+
+    @property
+    def t(self) -> int:
+        """Number of steps consumed."""
+        return self._t

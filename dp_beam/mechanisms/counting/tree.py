@@ -15,19 +15,18 @@ import numpy as np
 
 from ...accounting.cost import Cost
 from ..calibration import gaussian_sigma, laplace_scale
-from ..checks import check_step_index
-from ..noise import NoiseSource, gaussian_halfwidth, make_noise
+from ..noise import gaussian_halfwidth, make_noise
 from ..noise_grid import grid_padded_scale, round_to_grid
 from .doubling import epoch_of, epoch_steps, release_intervals, release_levels
 from .intervals import laplace_release_halfwidth
 from .parameters import (
+    CounterParameters,
     NOISE_KINDS,
     check_calibration,
     check_delta,
     check_dim,
     check_epsilon,
     check_horizon,
-    check_input,
     check_noise,
     check_sensitivity,
     privacy_cost,
@@ -54,7 +53,7 @@ def _node_scale(noise, levels, sensitivity, epsilon, delta, calibration):
                              lambda s: gaussian_sigma(math.sqrt(levels) * s, epsilon, delta, calibration))
 
 
-class BinaryTreeMechanism:
+class BinaryTreeMechanism(CounterParameters):
     """Noisy running sums (prefix sums) of a stream of scalars or vectors.
 
     After the t-th :meth:`step` it releases ``Σ_{s<=t} x_s + noise``, where the
@@ -193,62 +192,6 @@ class BinaryTreeMechanism:
             # between epochs only the running sum of roots is held.
             self._nodes = None
             self._roots = np.zeros(self._dim, dtype=np.float64)
-
-    # -- validation -----------------------------------------------------------
-
-    def _check_t(self, t):
-        t = check_step_index(t)
-        if self._horizon is not None and t > self._horizon:
-            raise ValueError(f"t must be <= horizon ({self._horizon}), got {t}")
-        return t
-
-    def _check_x(self, x):
-        return check_input(x, self._dim)
-
-    # -- public parameters ----------------------------------------------------
-
-    @property
-    def epsilon(self) -> float:
-        return self._epsilon
-
-    @property
-    def sensitivity(self) -> float:
-        return self._sensitivity
-
-    @property
-    def horizon(self) -> Optional[int]:
-        return self._horizon
-
-    @property
-    def noise(self) -> str:
-        return self._noise
-
-    @property
-    def delta(self) -> Optional[float]:
-        return self._delta
-
-    @property
-    def dim(self) -> int:
-        return self._dim
-
-    @property
-    def calibration(self) -> str:
-        return self._calibration
-
-    @property
-    def noise_source(self) -> NoiseSource:
-        """The :class:`~dp_beam.mechanisms.noise.NoiseSource` nodes draw from."""
-        return self._source
-
-    @property
-    def rho(self) -> float:
-        """ρ such that the whole output sequence is ρ-zCDP (C-4, C-5)."""
-        return self._rho
-
-    @property
-    def t(self) -> int:
-        """Number of steps consumed."""
-        return self._t
 
     @property
     def levels(self) -> int:

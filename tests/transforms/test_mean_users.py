@@ -1,0 +1,174 @@
+"""The per-user stages of ``ContinualMean``: validation and the withhold-release schedule."""
+
+import pickle
+import random
+
+import numpy as np
+import pytest
+from apache_beam import pvalue
+from apache_beam.utils.timestamp import Timestamp
+
+from dp_beam.mechanisms.continual_mean import MeanParams, mean_config
+from dp_beam.transforms.events import CAPPED, INVALID
+from dp_beam.transforms.keys import UNITS
+from dp_beam.transforms.mean_aggregates import accumulator, merge_into
+from dp_beam.transforms.mean_users import (PrepareMeanEvents, WithholdRelease,
+                                           WithholdReleaseBatch)
+
+STEP_MICROS = 10_000_000     # 10-second steps
+M = 4
+
+
+def _params(preset="paper", m=M):
+    return MeanParams(mean_config("test", max_users=20, max_samples_per_user=m, epsilon=1.0,
+                                  neighbours="values", preset=preset))
+
+
+def _stage(cls, max_keys=1, selecting=False, preset="paper", m=M):
+    stage = cls(transform="m", params=_params(preset, m), lower=[0.0], upper=[4.0],
+                step_micros=STEP_MICROS, max_keys=max_keys, selecting=selecting)
+    stage.setup()
+    return stage
+
+
+class _Cell:
+    def __init__(self):
+        self.v = None
+
+    def read(self):
+        return self.v
+
+    def write(self, v):
+        self.v = pickle.loads(pickle.dumps(v))   # as a state backend would store it
+
+
+def _fields(agg):
+    def norm(v):
+        return np.asarray(v).tolist() if isinstance(v, np.ndarray) else v
+    out = {name: {k: norm(v) for k, v in getattr(agg, name).items()}
+           for name in ("counts", "low", "n_low", "prefix", "proj", "a_inc")}
+    out["events"], out["max_count"] = agg.events, agg.max_count
+    out["samples"] = sorted((k, i, np.asarray(x).tolist()) for k, i, x in agg.samples)
+    return out
+
+
+def _per_key_step(pairs):
+    out = {}
+    for key_step, agg in pairs:
+        merge_into(out.setdefault(key_step, accumulator()), agg)
+    return {k: _fields(v) for k, v in out.items()}
+
+
+def _events(seed=0):
+    """``(user, [(key, value, ts)])``: 5 users, up to 11 events each over 3 steps and 2 keys."""
+    rnd = random.Random(seed)
+    return [(f"u{u}", [(rnd.choice("AB"), rnd.randrange(0, 33) / 8, rnd.randrange(0, 300) / 10)
+                       for _ in range(rnd.randrange(1, 12))]) for u in range(5)]
+
+
+def _split(out):
+    plain, tagged = [], {}
+    for item in out:
+        if isinstance(item, pvalue.TaggedOutput):
+            tagged.setdefault(item.tag, []).append(item.value)
+        else:
+            plain.append(item)
+    return plain, tagged
+
+
+def test_batch_stage_takes_events_in_event_time_order_whatever_their_arrival():
+    stage = _stage(WithholdReleaseBatch, max_keys=2)
+    for user, events in _events():
+        shuffled = list(events)
+        random.Random(1).shuffle(shuffled)
+        a = _split(stage.process((user, sorted(events, key=lambda e: e[2]))))
+        b = _split(stage.process((user, shuffled)))
+        assert _per_key_step(a[0]) == _per_key_step(b[0])
+
+
+def test_batch_stage_matches_the_streaming_stage_fed_in_event_time_order():
+    batch, streaming = _stage(WithholdReleaseBatch, max_keys=2), _stage(WithholdRelease, max_keys=2)
+    batch_out, stream_out = [], []
+    batch_capped, stream_capped = [], []
+    for user, events in _events(seed=4):
+        out, tagged = _split(batch.process((user, events)))
+        batch_out += out
+        batch_capped += tagged.get(CAPPED, [])
+        cell = _Cell()
+        for key, value, ts in sorted(events, key=lambda e: e[2]):
+            out, tagged = _split(streaming.process((user, (key, value, ts)), state=cell))
+            # The streaming stage stamps the aggregate; the step windows place it.
+            stream_out += [((k, Timestamp.of(tv.timestamp).micros // STEP_MICROS), agg)
+                           for tv in out for k, agg in [tv.value]]
+            stream_capped += tagged.get(CAPPED, [])
+    assert _per_key_step(batch_out) == _per_key_step(stream_out)
+    assert len(batch_capped) == len(stream_capped) > 0
+
+
+def test_samples_past_the_cap_and_keys_past_max_keys_are_capped():
+    stage = _stage(WithholdReleaseBatch, max_keys=1)
+    events = [("A", 1.0, float(t)) for t in range(M + 2)] + [("B", 2.0, 3.5)]
+    out, tagged = _split(stage.process(("u", events)))
+    assert sum(agg.events for _, agg in out) == M
+    reasons = sorted(tv.value[0][0] for tv in tagged[CAPPED])
+    assert reasons == sorted([f"max_samples_per_user ({M}) exceeded for user"] * 2
+                             + ["max_keys_per_user (1) exceeded for user"])
+    (by_key,) = [tv.value for tv in tagged[CAPPED] if tv.value[0][3]]
+    assert by_key[0][4] == "B" and by_key[1] == (3.5, {"key": "B", "value": 2.0})
+
+
+def test_batch_stage_merges_a_users_aggregates_of_one_step():
+    stage = _stage(WithholdReleaseBatch)
+    out, _ = _split(stage.process(("u", [("A", 1.0, 1.0), ("A", 2.0, 2.0), ("A", 3.0, 15.0)])))
+    assert sorted((key_step, agg.events) for key_step, agg in out) == [(("A", 0), 2), (("A", 1), 1)]
+
+
+def test_a_late_event_counts_in_the_step_of_the_latest_event_time_seen():
+    # A released element must never land in a step before one of its own samples.
+    stage = _stage(WithholdRelease)
+    cell = _Cell()
+    first, _ = _split(stage.process(("u", ("A", 1.0, 25.0)), state=cell))
+    late, _ = _split(stage.process(("u", ("A", 2.0, 5.0)), state=cell))
+    assert first[0].timestamp == late[0].timestamp == Timestamp.of(25.0)
+
+
+@pytest.mark.parametrize("cls", [WithholdRelease, WithholdReleaseBatch])
+def test_private_key_selection_hears_of_each_users_first_event_per_key(cls):
+    stage = _stage(cls, max_keys=2, selecting=True)
+    events = [("A", 1.0, 1.0), ("A", 1.0, 2.0), ("B", 1.0, 3.0), ("C", 1.0, 4.0)]
+    if cls is WithholdReleaseBatch:
+        _, tagged = _split(stage.process(("u", events)))
+    else:
+        cell, tagged = _Cell(), {}
+        for event in events:
+            for tag, values in _split(stage.process(("u", event), state=cell))[1].items():
+                tagged.setdefault(tag, []).extend(values)
+    assert tagged[UNITS] == [("A", 1.0), ("B", 3.0)]
+    assert len(tagged[CAPPED]) == 1
+
+
+def _prepare(**kw):
+    args = dict(transform="m", value_fn=lambda e: e["v"], user_fn=lambda e: e["u"], key_fn=None,
+                timestamp_fn=lambda e: e["ts"], lower=[0.0, 0.0], upper=[1.0, 2.0])
+    args.update(kw)
+    return PrepareMeanEvents(**args)
+
+
+def test_prepare_clamps_each_coordinate_and_dead_letters_bad_values():
+    fn = _prepare()
+    (ok,) = fn.process({"u": "a", "ts": 3.0, "v": np.array([3.0, -1.0])}, timestamp=Timestamp(0))
+    assert ok.value == ("a", (None, (1.0, 0.0), Timestamp.of(3.0))) and ok.timestamp == 3.0
+    for value, reason in (([0.5], "value has 1 coordinates, expected 2"),
+                          ([0.5, float("nan")], "coordinate 1: value is NaN"),
+                          (0.5, "not a sequence of 2 real numbers: float")):
+        (bad,) = fn.process({"u": "a", "ts": 3.0, "v": value}, timestamp=Timestamp(0))
+        assert bad.tag == INVALID and bad.value.reason == reason
+    (bad,) = fn.process({"u": None, "ts": 3.0, "v": [0.5, 0.5]}, timestamp=Timestamp(0))
+    assert bad.tag == INVALID
+
+
+def test_prepare_scalar_values_keep_their_float_and_are_clamped():
+    fn = _prepare(lower=[0.0], upper=[1.0])
+    outs = [fn.process({"u": "a", "ts": 1.0, "v": v}, timestamp=Timestamp(0))
+            for v in (0.25, 7.0, -2, np.float64(0.5))]
+    assert [next(iter(o)).value[1][1] for o in outs] == [0.25, 1.0, 0.0, 0.5]
