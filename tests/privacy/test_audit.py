@@ -87,7 +87,7 @@ from dp_beam.transforms.release import OrderedReleaseDoFn
 from dp_beam.transforms.schedule import StreamStart
 
 from tests.privacy import audit
-from tests.privacy.fake_state import Bag, Cell, Timer
+from tests.fake_state import Bag, Cell, Timer
 
 EPSILON = 1.0
 DELTA = 1e-5

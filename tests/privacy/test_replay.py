@@ -24,7 +24,7 @@ from dp_beam.mechanisms import SecureNoise, SeededNoise
 from dp_beam.transforms import continual
 from dp_beam.transforms.release import OrderedReleaseDoFn
 from dp_beam.transforms.schedule import StreamStart
-from tests.privacy.fake_state import Bag, Cell, Timer
+from tests.fake_state import Bag, Cell, Timer
 
 
 def _state():

@@ -4,49 +4,7 @@ meta cell: lazy reads, compaction, the release bound, meta writes."""
 import pytest
 
 from dp_beam.transforms.bag_log import BagLog
-
-
-class Cell:
-    """A ``ReadModifyWriteState`` stand-in that counts writes."""
-
-    def __init__(self, value=None):
-        self.value = value
-        self.writes = 0
-
-    def read(self):
-        return self.value
-
-    def write(self, value):
-        self.value = value
-        self.writes += 1
-
-
-class Bag:
-    """A ``BagState`` stand-in that counts reads and clears."""
-
-    def __init__(self):
-        self.items = []
-        self.reads = 0
-        self.clears = 0
-
-    def read(self):
-        self.reads += 1
-        return list(self.items)
-
-    def add(self, value):
-        self.items.append(value)
-
-    def clear(self):
-        self.items = []
-        self.clears += 1
-
-
-class Counter:
-    def __init__(self):
-        self.n = 0
-
-    def inc(self, n=1):
-        self.n += n
+from tests.fake_state import Bag, Cell, Counter
 
 
 def test_bag_log_reads_pending_entries_without_reading_the_bag():

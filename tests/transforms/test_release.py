@@ -14,52 +14,7 @@ from dp_beam.transforms.events import INVALID
 from dp_beam.transforms.release import OrderedReleaseDoFn
 from dp_beam.transforms.release_spec import ACCOUNTING, CLOSED, NOT_ADMITTED, ReleaseSpec
 from dp_beam.transforms.schedule import NotAdmitted, StreamStart
-
-
-class Cell:
-    """A ``ReadModifyWriteState`` stand-in that counts writes."""
-
-    def __init__(self, value=None):
-        self.value = value
-        self.writes = 0
-
-    def read(self):
-        return self.value
-
-    def write(self, value):
-        self.value = value
-        self.writes += 1
-
-    def clear(self):
-        self.value = None
-
-
-class Bag:
-    """A ``BagState`` stand-in that counts reads and clears."""
-
-    def __init__(self):
-        self.items = []
-        self.reads = 0
-        self.clears = 0
-
-    def read(self):
-        self.reads += 1
-        return list(self.items)
-
-    def add(self, value):
-        self.items.append(value)
-
-    def clear(self):
-        self.items = []
-        self.clears += 1
-
-
-class Timer:
-    def __init__(self):
-        self.set_at = []
-
-    def set(self, ts):
-        self.set_at.append(float(ts))
+from tests.fake_state import Bag, Cell, Timer
 
 
 # --------------------------------------------------------------------------- OrderedReleaseDoFn

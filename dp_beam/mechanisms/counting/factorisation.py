@@ -400,16 +400,7 @@ class FactorisationMechanism(CounterParameters):
         needed to continue; JSON- and pickle-friendly. The noise source is not
         included: a restored mechanism gets its own (:meth:`from_state`)."""
         return {
-            "mechanism": self.name,
-            "version": self.STATE_VERSION,
-            "epsilon": self._epsilon,
-            "sensitivity": self._sensitivity,
-            "horizon": self._horizon,
-            "noise": self._noise,
-            "delta": self._delta,
-            "dim": self._dim,
-            "calibration": self._calibration,
-            "t": self._t,
+            **self._parameter_state(),
             "core": None if self._core is None else self._core_to_state(self._core),
             "roots": None if self._roots is None else self._roots.tolist(),
         }

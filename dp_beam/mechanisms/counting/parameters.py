@@ -9,7 +9,7 @@ tree and the factorisation mechanisms cannot drift apart.
 
 import math
 import numbers
-from typing import Any, Optional, Sequence, Tuple
+from typing import Any, Dict, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -252,3 +252,19 @@ class CounterParameters:
     def t(self) -> int:
         """Number of steps consumed."""
         return self._t
+
+    def _parameter_state(self) -> Dict[str, Any]:
+        """The leading fields of every counter's ``to_state``: its name, state version and
+        public parameters, and the steps consumed."""
+        return {
+            "mechanism": self.name,
+            "version": self.STATE_VERSION,
+            "epsilon": self._epsilon,
+            "sensitivity": self._sensitivity,
+            "horizon": self._horizon,
+            "noise": self._noise,
+            "delta": self._delta,
+            "dim": self._dim,
+            "calibration": self._calibration,
+            "t": self._t,
+        }

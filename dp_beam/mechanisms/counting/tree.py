@@ -477,16 +477,7 @@ class BinaryTreeMechanism(CounterParameters):
         needed to continue; JSON- and pickle-friendly. The noise source is not
         included: a restored mechanism gets its own (:meth:`from_state`)."""
         return {
-            "mechanism": self.name,
-            "version": self.STATE_VERSION,
-            "epsilon": self._epsilon,
-            "sensitivity": self._sensitivity,
-            "horizon": self._horizon,
-            "noise": self._noise,
-            "delta": self._delta,
-            "dim": self._dim,
-            "calibration": self._calibration,
-            "t": self._t,
+            **self._parameter_state(),
             "nodes": None if self._nodes is None else self._nodes.tolist(),
             "roots": None if self._roots is None else self._roots.tolist(),
         }
