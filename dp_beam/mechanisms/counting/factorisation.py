@@ -388,11 +388,6 @@ class FactorisationMechanism(CounterParameters):
                 value = self._roots + value
         return self._output(value)
 
-    def _output(self, value):
-        if self._dim == 1:
-            return float(value[0])
-        return np.array(value, dtype=np.float64, copy=True)
-
     # -- serialisation ------------------------------------------------------------------
 
     def to_state(self) -> Dict[str, Any]:

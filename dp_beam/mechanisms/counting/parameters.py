@@ -268,3 +268,9 @@ class CounterParameters:
             "calibration": self._calibration,
             "t": self._t,
         }
+
+    def _output(self, value: np.ndarray) -> Any:
+        """A release: a float for a scalar stream, else a fresh array (callers may keep it)."""
+        if self._dim == 1:
+            return float(value[0])
+        return np.array(value, dtype=np.float64, copy=True)

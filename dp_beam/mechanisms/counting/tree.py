@@ -465,11 +465,6 @@ class BinaryTreeMechanism(CounterParameters):
             value = self._roots + self._tree_sum(self._nodes, epoch_of(t)[1])
         return self._output(value)
 
-    def _output(self, value):
-        if self._dim == 1:
-            return float(value[0])
-        return np.array(value, dtype=np.float64, copy=True)
-
     # -- serialisation --------------------------------------------------------
 
     def to_state(self) -> Dict[str, Any]:
