@@ -40,7 +40,7 @@ import numpy as np  # noqa: E402
 from apache_beam.coders import PickleCoder  # noqa: E402
 
 from dp_beam.mechanisms import erm  # noqa: E402
-from dp_beam.transforms.release import BagLog  # noqa: E402
+from dp_beam.transforms.bag_log import BagLog  # noqa: E402
 
 CODER = PickleCoder()
 

@@ -174,7 +174,7 @@ def _mixed_plan():
     from types import SimpleNamespace
 
     from dp_beam.records import LedgerEntry
-    from dp_beam.transforms.release import PLAN_ATTRIBUTE
+    from dp_beam.transforms.release_spec import PLAN_ATTRIBUTE
 
     count = LedgerEntry("hourly", "event", "add/remove one event", 0.5, 0.0, 0.125, "tree",
                         "stream", noise="laplace")

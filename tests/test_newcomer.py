@@ -29,7 +29,7 @@ from dp_beam import cli, progress, report
 from dp_beam.accounting.display import fmt
 from dp_beam.records import LedgerEntry, to_json
 from dp_beam.transforms.accounting import UnboundedUserLevelWarning
-from dp_beam.transforms.release import PLAN_ATTRIBUTE
+from dp_beam.transforms.release_spec import PLAN_ATTRIBUTE
 from tests.beam_util import batch_options
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

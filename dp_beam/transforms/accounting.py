@@ -21,7 +21,7 @@ from dp_beam.accounting import Budget, check_budget, compose
 from dp_beam.accounting.compose import group_size, per_transform
 from dp_beam.accounting.costs import scale
 from dp_beam.records import AccountingReport, LedgerEntry
-from dp_beam.transforms.release import PLAN_ATTRIBUTE
+from dp_beam.transforms.release_spec import PLAN_ATTRIBUTE
 
 __all__ = ["CombineAccounting", "plan", "plan_entries", "scale_entry", "Stability",
            "UnboundedUserLevelWarning"]

@@ -29,7 +29,7 @@ from dp_beam.transforms.events import (CAPPED, INVALID, TRANSIENT_ERRORS,
                                        BoundContributions, CountCapped, PrepareEvents,
                                        check_callable, check_transient_errors)
 from dp_beam.transforms.keys import UNITS, EventUnits
-from dp_beam.transforms.release import ReleaseSpec
+from dp_beam.transforms.release_spec import ReleaseSpec
 from dp_beam.transforms.steps import EventStep, per_step
 from dp_beam.transforms.streams import (private_keys, raw_steps, release_streams, set_release_options,
                                         validation)

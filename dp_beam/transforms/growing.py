@@ -57,7 +57,7 @@ from dp_beam.records_growing import (HISTOGRAM, HistogramRelease, QueryAnswer, S
 from dp_beam.transforms.event_ids import id_key
 from dp_beam.transforms.events import (INVALID, TRANSIENT_ERRORS, UNBOUNDED_LATENESS,
                                        ValidatingDoFn, check_callable, check_transient_errors)
-from dp_beam.transforms.release import ReleaseSpec
+from dp_beam.transforms.release_spec import ReleaseSpec
 from dp_beam.transforms.steps import StepOf
 from dp_beam.transforms.stream_keys import KV, StreamKey
 from dp_beam.transforms.streams import (private_keys, release_streams, set_release_options,

@@ -58,7 +58,7 @@ from dp_beam.records import LedgerEntry
 from dp_beam.records_regression import RegressionRecord
 from dp_beam.transforms.events import (INVALID, NAMESPACE, TRANSIENT_ERRORS, ValidatingDoFn,
                                        as_real, check_transient_errors)
-from dp_beam.transforms.release import ReleaseSpec
+from dp_beam.transforms.release_spec import ReleaseSpec
 from dp_beam.transforms.steps import per_step
 from dp_beam.transforms.stream_keys import KV
 from dp_beam.transforms.streams import (private_keys, release_streams, set_release_options,

@@ -38,7 +38,8 @@ from dp_beam.mechanisms.key_selection import KeySelection
 from dp_beam.mechanisms.noise import NoiseSource
 from dp_beam.mechanisms.noise_key import NoiseKey
 from dp_beam.records import KeyAdmitted, LedgerEntry
-from dp_beam.transforms.release import (ACCOUNTING, OrderedReleaseDoFn, ReleaseSpec)
+from dp_beam.transforms.release import OrderedReleaseDoFn
+from dp_beam.transforms.release_spec import ACCOUNTING, ReleaseSpec
 from dp_beam.transforms.events import INVALID
 from dp_beam.transforms.schedule import NotAdmitted, Schedule, StreamStart
 from dp_beam.transforms.stream_keys import KV

@@ -84,7 +84,7 @@ from dp_beam.transforms.mean_aggregates import (MedianStoreInLog, MergeAggregate
                                                 plain)
 from dp_beam.transforms.mean_users import (PrepareMeanEvents, WithholdRelease,
                                            WithholdReleaseBatch)
-from dp_beam.transforms.release import ReleaseSpec
+from dp_beam.transforms.release_spec import ReleaseSpec
 from dp_beam.transforms.steps import StepEnd, StepOf
 from dp_beam.transforms.streams import (private_keys, release_streams, set_release_options,
                                         validation)

@@ -47,9 +47,7 @@ from dp_beam.transforms.stream_keys import KV
 
 # The spec interface, the log and the shared names live in their own modules;
 # they stay importable from here, where every transform has found them.
-__all__ = ["ACCOUNTING", "BagLog", "CLOSED", "ContinualResult", "key_label", "LoggedReleaseDoFn",
-           "NOT_ADMITTED", "OrderedReleaseDoFn", "PLAN_ATTRIBUTE", "release_in_order",
-           "ReleaseSpec"]
+__all__ = ["LoggedReleaseDoFn", "OrderedReleaseDoFn", "release_in_order"]
 
 #: Stream keys whose base noise source a release DoFn keeps (each a few hundred bytes).
 _SOURCE_CACHE = 4096

@@ -19,7 +19,8 @@ from dp_beam.mechanisms import NoiseSource
 from dp_beam.mechanisms.noise_key import NoiseKey
 from dp_beam.transforms.keys import PrivateKeys, select_keys
 from dp_beam.records import LedgerEntry
-from dp_beam.transforms.release import ContinualResult, ReleaseSpec, release_in_order
+from dp_beam.transforms.release import release_in_order
+from dp_beam.transforms.release_spec import ContinualResult, ReleaseSpec
 from dp_beam.transforms.schedule import (DeclaredKeys, Schedule, StreamStart, resolve_keys,
                                          resolve_schedule)
 from dp_beam.transforms.shards import default_shards

@@ -646,7 +646,7 @@ def _paper_aggregates(transform, events):
 def test_paper_preset_keeps_median_samples_in_the_log_not_the_state():
     import pickle
     from dp_beam.transforms import mean as mt
-    from dp_beam.transforms.release import BagLog
+    from dp_beam.transforms.bag_log import BagLog
     transform = _paper()
     assert transform.params.median_levels == [2, 3, 4]
     spec = mt.MeanReleaseSpec("m", STEP, transform.params, transform._lower, transform._upper,
