@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from numbers import Real
 from typing import Iterator, Optional, Union
 
-from dp_beam.accounting.costs import scale
+from dp_beam.accounting.costs import scale, zcdp_to_epsilon_classic
 
 __all__ = ["Cost"]
 
@@ -83,9 +83,7 @@ class Cost(Mapping):
         rho = _check("rho", rho)
         delta = _check("delta", delta)
         if epsilon is None:
-            if not 0 < delta < 1:
-                raise ValueError(f"delta must be in (0, 1) for a Gaussian cost, got {delta!r}")
-            epsilon = rho + 2.0 * math.sqrt(rho * math.log(1.0 / delta))
+            epsilon = zcdp_to_epsilon_classic(rho, delta)
         return cls(epsilon, delta, rho)
 
     @classmethod
