@@ -9,7 +9,7 @@ Laplace and the discrete Gaussian. They read their randomness from a
 identity gives the same integers in every process (``docs/design.md``, D5).
 The exactness argument is claim C-9 of ``docs/privacy/counting.md``.
 
-The ``*_ratio``-free functions :func:`bernoulli_exp`, :func:`discrete_laplace`
+The functions :func:`bernoulli_exp`, :func:`discrete_laplace`
 and :func:`discrete_gaussian` take the scale as two ints (numerator and
 denominator) for callers that cache it; :func:`sample_bernoulli_exp`,
 :func:`sample_discrete_laplace` and :func:`sample_discrete_gaussian` take any
