@@ -10,6 +10,8 @@ import numbers
 
 import dp_accounting
 
+from ..accounting.costs import zcdp_to_epsilon_classic
+
 __all__ = [
     "CALIBRATIONS",
     "rho_from_eps_delta",
@@ -72,11 +74,17 @@ def eps_from_rho_delta(rho: float, delta: float) -> float:
     """ε with ρ-zCDP ⇒ (ε, δ)-DP: ``ε = ρ + 2√(ρ ln(1/δ))`` (Bun–Steinke 2016, Prop. 1.3).
 
     This is the simple conversion (accounting.md AC-8); tighter ones exist, so the ε it reports is conservative (never
-    smaller than the truth). It is the exact inverse of :func:`rho_from_eps_delta`.
+    smaller than the truth). It is the exact inverse of :func:`rho_from_eps_delta`, and
+    :func:`dp_beam.accounting.costs.zcdp_to_epsilon_classic` (the one the costs use) with
+    the arguments checked.
+
+    >>> round(eps_from_rho_delta(rho_from_eps_delta(1.0, 1e-6), 1e-6), 12)
+    1.0
     """
     rho = _nonnegative("rho", rho)
     delta = _delta(delta)
-    return rho + 2.0 * math.sqrt(rho * math.log(1.0 / delta))
+    # The accountant's conversion, so that the formula is written once (accounting.md AC-8).
+    return zcdp_to_epsilon_classic(rho, delta)
 
 
 def rho_from_eps(epsilon: float) -> float:

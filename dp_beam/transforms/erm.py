@@ -79,6 +79,7 @@ from numpy.typing import ArrayLike
 
 from dp_beam.mechanisms import ZeroNoise
 from dp_beam.mechanisms import erm as erm_mech
+from dp_beam.mechanisms.erm.config import field_names
 from dp_beam.mechanisms.noise import NoiseSource
 from dp_beam.mechanisms.noise_key import NoiseKey
 from dp_beam.records import LedgerEntry
@@ -188,12 +189,12 @@ class _ERMTransform(beam.PTransform):
 
     _stream_cls = None
 
-    def __init__(self, features_fn, label_fn, classes, n_features, feature_bound, lam, epsilon,
-                 block_size, step, *, start=None, end=None, key_fn=None, keys=None,
-                 timestamp_fn=None, id_fn=None, fit_intercept=True,
-                 noise="l2_laplace", delta=None, allowed_lateness=datetime.timedelta(days=1),
-                 late="defer", rng=None, noise_key=None, transient_errors=TRANSIENT_ERRORS,
-                 label=None, **stream_kwargs):
+    def __init__(self, features_fn, label_fn, step, model, *, start=None, end=None, key_fn=None,
+                 keys=None, timestamp_fn=None, id_fn=None,
+                 allowed_lateness=datetime.timedelta(days=1), late="defer", rng=None,
+                 noise_key=None, transient_errors=TRANSIENT_ERRORS, label=None):
+        # `model`: the keyword arguments of the stream's config (the public class's
+        # parameters that are fields of `_stream_cls.config_cls`).
         super().__init__(label)
         self._transient = check_transient_errors(transient_errors)
         for name, fn in (("features_fn", features_fn), ("label_fn", label_fn)):
@@ -212,16 +213,17 @@ class _ERMTransform(beam.PTransform):
                 "keys=PrivateKeys(...) is not available for ERM streams: their neighbours replace "
                 "one event and their blocks are count-triggered, while private key selection is "
                 "stated for adding or removing a unit; declare the keys (keys=[...])")
-        if isinstance(classes, (str, bytes)):
-            raise ValueError(f"classes must be a sequence of labels, got {classes!r}")
-        self._args = dict(epsilon=epsilon, block_size=block_size, n_features=n_features,
-                          classes=list(classes) if classes is not None else None,
-                          feature_bound=feature_bound, lam=lam, fit_intercept=fit_intercept,
-                          noise=noise, delta=delta, **stream_kwargs)
-        # Built once so that every parameter is validated here (ValueError naming it).
-        probe = self._stream_cls(rng=ZeroNoise(), **self._args)
+        # The engine-free stream's config checks every model parameter (ValueError naming it).
+        self._config = self._stream_cls.config_cls(**model)
+        self._args = self._config.to_dict()
+        probe = self._stream_cls.from_config(self._config, rng=ZeroNoise())
         self._probe = probe
         self._cost = probe.privacy_cost()
+
+    @property
+    def config(self) -> erm_mech.ERMConfig:
+        """The validated parameters of every stream (an :class:`~dp_beam.mechanisms.erm.ERMConfig`)."""
+        return self._config
 
     @property
     def stream(self):
@@ -261,19 +263,27 @@ class _ERMTransform(beam.PTransform):
         return release_streams(self, events, aggregates, spec, entry, invalids)
 
 
-#: Positional parameters of the public ERM transforms (passed positionally to the base).
-_POSITIONAL = frozenset(("self", "__class__", "features_fn", "label_fn", "classes", "n_features",
-                         "feature_bound", "lam", "epsilon", "block_size", "base_size", "window",
-                         "step"))
+#: Parameters of the public ERM transforms passed to :class:`_ERMTransform` by position.
+_POSITIONAL = frozenset(("self", "__class__", "features_fn", "label_fn", "step"))
 
 
-def _keywords(arguments):
-    """A public ERM transform's keyword arguments, forwarded to :class:`_ERMTransform`.
+def _split(config_cls, arguments):
+    """``(model, options)``: a public ERM transform's arguments that are fields of its stream's
+    config, and the transform's own options, forwarded to :class:`_ERMTransform`.
 
-    The public classes spell out their signatures, so that a misspelled
-    keyword is reported against them and ``help()`` shows every option."""
-    return {k: v for k, v in arguments.items() if k not in _POSITIONAL}
+    The public classes spell out their signatures, with the config's defaults,
+    so that a misspelled keyword is reported against them and ``help()`` shows
+    every option."""
+    fields = set(field_names(config_cls))
+    model = {k: v for k, v in arguments.items() if k in fields}
+    options = {k: v for k, v in arguments.items() if k not in fields and k not in _POSITIONAL}
+    return model, options
 
+
+# The public classes' model defaults are their configs', so signature and config cannot drift.
+_CONTINUAL = erm_mech.ContinualERMConfig
+_SLIDING = erm_mech.SlidingWindowERMConfig
+_MULTIRES = erm_mech.MultiResolutionERMConfig
 
 _COMMON_ARGS = """
     Args:
@@ -329,7 +339,8 @@ class ContinualERM(_ERMTransform):
     model. ε is split in halves between the base models and the updates, so
     every stream is ε-DP per event (replace-one neighbours). ``base_size`` is
     B, a multiple of ``block_size`` = b0. See
-    :class:`dp_beam.mechanisms.erm.ContinualERMMechanism`.
+    :class:`dp_beam.mechanisms.erm.ContinualERMMechanism`; the model parameters
+    are the fields of :class:`dp_beam.mechanisms.erm.ContinualERMConfig` (:attr:`config`).
 
     State per key (design D1.3): each firing rewrites the partial block (< b0 points),
     at most 2 models (f_g, f_c) and counters — O(b0·d + p) numbers — and
@@ -367,15 +378,16 @@ class ContinualERM(_ERMTransform):
                  step: Union[float, datetime.timedelta], *, start: Any = None, end: Any = None,
                  key_fn: Optional[Callable[[Any], Any]] = None, keys: Any = None,
                  timestamp_fn: Optional[Callable[[Any], Any]] = None,
-                 id_fn: Optional[Callable[[Any], Any]] = None, fit_intercept: bool = True,
-                 noise: str = "l2_laplace", delta: Optional[float] = None,
+                 id_fn: Optional[Callable[[Any], Any]] = None,
+                 fit_intercept: bool = _CONTINUAL.fit_intercept, noise: str = _CONTINUAL.noise,
+                 delta: Optional[float] = _CONTINUAL.delta,
                  allowed_lateness: Optional[Union[float, datetime.timedelta]] = datetime.timedelta(days=1),
                  late: str = "defer", rng: Union[None, int, NoiseSource] = None,
                  noise_key: Optional[NoiseKey] = None,
                  transient_errors: Sequence[Type[BaseException]] = TRANSIENT_ERRORS,
-                 tol_fraction: float = 0.5, label: Optional[str] = None) -> None:
-        super().__init__(features_fn, label_fn, classes, n_features, feature_bound, lam, epsilon,
-                         block_size, step, base_size=base_size, **_keywords(locals()))
+                 tol_fraction: float = _CONTINUAL.tol_fraction, label: Optional[str] = None) -> None:
+        model, options = _split(_CONTINUAL, locals())
+        super().__init__(features_fn, label_fn, step, model, **options)
 
 
 class SlidingWindowERM(_ERMTransform):
@@ -383,7 +395,9 @@ class SlidingWindowERM(_ERMTransform):
 
     Exact for ``window = (2^k − 1)·block_size``; ``window_policy`` =
     ``"round_down"`` or ``"general"`` handles other windows as erm.md E-7 says.
-    Each stream is ε-DP per event. See :class:`dp_beam.mechanisms.erm.SlidingWindowERMMechanism`.
+    Each stream is ε-DP per event. See :class:`dp_beam.mechanisms.erm.SlidingWindowERMMechanism`;
+    the model parameters are the fields of
+    :class:`dp_beam.mechanisms.erm.SlidingWindowERMConfig` (:attr:`config`).
 
     State per key (design D1.3): each firing rewrites the partial block (< w0 points)
     and one model per bucket (log₂(W + 1) models for W = w/w0 blocks in exact
@@ -421,25 +435,27 @@ class SlidingWindowERM(_ERMTransform):
     def __init__(self, features_fn: Callable[[Any], ArrayLike], label_fn: Callable[[Any], Any],
                  classes: Sequence[Any], n_features: int, feature_bound: float, lam: float,
                  epsilon: float, block_size: int, window: int,
-                 step: Union[float, datetime.timedelta], *, window_policy: str = "exact",
+                 step: Union[float, datetime.timedelta], *, window_policy: str = _SLIDING.window_policy,
                  start: Any = None, end: Any = None, key_fn: Optional[Callable[[Any], Any]] = None,
                  keys: Any = None, timestamp_fn: Optional[Callable[[Any], Any]] = None,
-                 id_fn: Optional[Callable[[Any], Any]] = None, fit_intercept: bool = True,
-                 noise: str = "l2_laplace", delta: Optional[float] = None,
+                 id_fn: Optional[Callable[[Any], Any]] = None,
+                 fit_intercept: bool = _SLIDING.fit_intercept, noise: str = _SLIDING.noise,
+                 delta: Optional[float] = _SLIDING.delta,
                  allowed_lateness: Optional[Union[float, datetime.timedelta]] = datetime.timedelta(days=1),
                  late: str = "defer", rng: Union[None, int, NoiseSource] = None,
                  noise_key: Optional[NoiseKey] = None,
                  transient_errors: Sequence[Type[BaseException]] = TRANSIENT_ERRORS,
-                 tol_fraction: float = 0.5, label: Optional[str] = None) -> None:
-        super().__init__(features_fn, label_fn, classes, n_features, feature_bound, lam, epsilon,
-                         block_size, step, window=window, **_keywords(locals()))
+                 tol_fraction: float = _SLIDING.tol_fraction, label: Optional[str] = None) -> None:
+        model, options = _split(_SLIDING, locals())
+        super().__init__(features_fn, label_fn, step, model, **options)
 
 
 class MultiResolutionERM(_ERMTransform):
     __doc__ = """Models on the last 2^k·B points for every scale k with 2^k | t/B (Alg. 2; erm.md E-5).
 
     Each stream is ε-DP per event. ``max_scale`` caps k. See
-    :class:`dp_beam.mechanisms.erm.MultiResolutionERMMechanism`.
+    :class:`dp_beam.mechanisms.erm.MultiResolutionERMMechanism`; the model parameters
+    are the fields of :class:`dp_beam.mechanisms.erm.MultiResolutionERMConfig` (:attr:`config`).
 
     State per key (design D1.3): each firing rewrites the partial block (< B points) and
     counters — O(B·d) numbers, no models — and appends its completed blocks to
@@ -479,18 +495,19 @@ class MultiResolutionERM(_ERMTransform):
     def __init__(self, features_fn: Callable[[Any], ArrayLike], label_fn: Callable[[Any], Any],
                  classes: Sequence[Any], n_features: int, feature_bound: float, lam: float,
                  epsilon: float, block_size: int, step: Union[float, datetime.timedelta], *,
-                 max_scale: Optional[int] = None, start: Any = None, end: Any = None,
+                 max_scale: Optional[int] = _MULTIRES.max_scale, start: Any = None, end: Any = None,
                  key_fn: Optional[Callable[[Any], Any]] = None, keys: Any = None,
                  timestamp_fn: Optional[Callable[[Any], Any]] = None,
-                 id_fn: Optional[Callable[[Any], Any]] = None, fit_intercept: bool = True,
-                 noise: str = "l2_laplace", delta: Optional[float] = None,
+                 id_fn: Optional[Callable[[Any], Any]] = None,
+                 fit_intercept: bool = _MULTIRES.fit_intercept, noise: str = _MULTIRES.noise,
+                 delta: Optional[float] = _MULTIRES.delta,
                  allowed_lateness: Optional[Union[float, datetime.timedelta]] = datetime.timedelta(days=1),
                  late: str = "defer", rng: Union[None, int, NoiseSource] = None,
                  noise_key: Optional[NoiseKey] = None,
                  transient_errors: Sequence[Type[BaseException]] = TRANSIENT_ERRORS,
-                 tol_fraction: float = 0.5, label: Optional[str] = None) -> None:
-        super().__init__(features_fn, label_fn, classes, n_features, feature_bound, lam, epsilon,
-                         block_size, step, **_keywords(locals()))
+                 tol_fraction: float = _MULTIRES.tol_fraction, label: Optional[str] = None) -> None:
+        model, options = _split(_MULTIRES, locals())
+        super().__init__(features_fn, label_fn, step, model, **options)
 
 
 __all__ = ["ContinualERM", "SlidingWindowERM", "MultiResolutionERM", "ERMReleaseSpec", "ModelRecord"]

@@ -73,8 +73,8 @@ from apache_beam.transforms.window import FixedWindows, GlobalWindows
 
 from dp_beam.accounting.cost import Cost
 from dp_beam.mechanisms.calibration import eps_from_rho_delta
-from dp_beam.mechanisms.continual_mean import (ContinualMeanCore, MeanAggregate, MeanParams,
-                                               check_keywords, mean_config)
+from dp_beam.mechanisms.continual_mean import (ContinualMeanCore, MeanAggregate, MeanConfig,
+                                               MeanParams)
 from dp_beam.records import LedgerEntry
 from dp_beam.records_mean import MeanRelease
 from dp_beam.transforms.events import (CAPPED, INVALID, TRANSIENT_ERRORS, UNBOUNDED_LATENESS,
@@ -92,6 +92,11 @@ from dp_beam.transforms.streams import (private_keys, release_streams, set_relea
 __all__ = ["ContinualMean", "MeanReleaseSpec", "MECHANISM", "PackedSamples", "resolve_bounds"]
 
 MECHANISM = "withhold_release_mean"
+
+#: The fields of :class:`MeanConfig` that :class:`ContinualMean` passes on as given; the
+#: others (max_users, max_samples_per_user, epsilon, dim) it checks or resolves first.
+_CONFIG_KEYWORDS = frozenset(field.name for field in dataclasses.fields(MeanConfig)) - {
+    "max_users", "max_samples_per_user", "epsilon", "dim"}
 
 
 def _bound_values(name, value):
@@ -355,15 +360,23 @@ class ContinualMean(beam.PTransform):
                  upper: Any, max_samples_per_user: int, epsilon: float, step: Any, *,
                  start: Any = None, end: Any = None, key_fn: Optional[Callable[[Any], Any]] = None,
                  keys: Any = None, max_keys_per_user: int = 1, dim: Optional[int] = None,
-                 max_users: int = 1_000_000, timestamp_fn: Optional[Callable[[Any], Any]] = None,
+                 max_users: int = 1_000_000, beta: float = MeanConfig.beta,
+                 neighbours: str = MeanConfig.neighbours, noise: Optional[str] = MeanConfig.noise,
+                 delta: Optional[float] = MeanConfig.delta,
+                 median_budget: Optional[str] = MeanConfig.median_budget,
+                 tree_levels: Optional[int] = MeanConfig.tree_levels,
+                 mechanism: Optional[str] = MeanConfig.mechanism,
+                 horizon: Optional[int] = MeanConfig.horizon, preset: str = MeanConfig.preset,
+                 prior_ratio: Optional[float] = MeanConfig.prior_ratio,
+                 prior_query: Optional[bool] = MeanConfig.prior_query,
+                 user_spread: float = MeanConfig.user_spread,
+                 timestamp_fn: Optional[Callable[[Any], Any]] = None,
                  allowed_lateness: Any = datetime.timedelta(days=1), late: str = "defer",
                  rng: Any = None, noise_key: Any = None, transient_errors: Any = TRANSIENT_ERRORS,
-                 shards: Optional[int] = None, label: Optional[str] = None, **params: Any) -> None:
-        # `params`: the rest of MeanConfig's fields (beta, neighbours, noise, delta, preset,
-        # median_budget, tree_levels, mechanism, horizon, prior_ratio, prior_query,
-        # user_spread), the parameter list the engine-free mechanism takes too.
-        check_keywords(type(self).__name__, params)
-        horizon = params.get("horizon")
+                 shards: Optional[int] = None, label: Optional[str] = None) -> None:
+        # MeanConfig's fields from `beta` on, the parameter list the engine-free mechanism takes
+        # too; the defaults above are MeanConfig's (max_users and dim have the transform's own).
+        params = {name: value for name, value in locals().items() if name in _CONFIG_KEYWORDS}
         super().__init__(label)
         self._transient = check_transient_errors(transient_errors)
         for name, fn in (("user_fn", user_fn), ("value_fn", value_fn)):
@@ -394,9 +407,8 @@ class ContinualMean(beam.PTransform):
         self._horizon = horizon
         epsilon = _positive_real("epsilon", epsilon)
         # The whole budget first: it validates every parameter with its name.
-        config = mean_config(type(self).__name__, max_users=max_users,
-                             max_samples_per_user=max_samples_per_user, epsilon=epsilon,
-                             dim=self._dim, **params)
+        config = MeanConfig(max_users=max_users, max_samples_per_user=max_samples_per_user,
+                            epsilon=epsilon, dim=self._dim, **params)
         whole = MeanParams(config)
         k = self._max_keys
         if k == 1:

@@ -5,6 +5,7 @@ import math
 import dp_accounting
 import pytest
 
+from dp_beam.accounting.costs import zcdp_to_epsilon_classic
 from dp_beam.mechanisms import (
     eps_from_rho_delta,
     gaussian_sigma,
@@ -89,3 +90,12 @@ def test_validation_names_the_parameter(call, name):
 def test_error_message_shows_the_value():
     with pytest.raises(ValueError, match=r"epsilon must be > 0, got -1"):
         laplace_scale(1.0, -1)
+
+
+def test_eps_from_rho_delta_is_the_accountants_conversion():
+    # One ρ → ε formula: the accountant's classic conversion, the same float as the
+    # closed form the module wrote before, over a grid of ρ and δ.
+    for rho in [0.0, 1e-12, 1e-6, 1e-3, 0.0174689048, 0.1, 0.5, 1.0, 3.7, 50.0, 1e4]:
+        for delta in [1e-15, 1e-9, 1e-6, 1e-3, 0.1, 0.5, 0.999]:
+            closed_form = rho + 2.0 * math.sqrt(rho * math.log(1.0 / delta))
+            assert eps_from_rho_delta(rho, delta) == zcdp_to_epsilon_classic(rho, delta) == closed_form

@@ -2,6 +2,8 @@
 block log (spec private_erm_and_incremental_regression.md §3) and streaming (TestStream on
 BundleBasedDirectRunner)."""
 
+import dataclasses
+import inspect
 import json
 import math
 import random
@@ -497,3 +499,28 @@ def test_a_misspelled_keyword_names_the_public_transform(cls, extra):
         cls(block_size=4, end=40, timestamp=1, **extra, **COMMON)
     assert str(info.value).startswith(f"{cls.__name__}.__init__() got an unexpected keyword")
     assert "'timestamp'" in str(info.value)
+
+
+#: The transforms' own options, beside the fields of their stream's config.
+_TRANSFORM_OPTIONS = {"features_fn", "label_fn", "step", "start", "end", "key_fn", "keys",
+                      "timestamp_fn", "id_fn", "allowed_lateness", "late", "rng", "noise_key",
+                      "transient_errors", "label"}
+
+
+@pytest.mark.parametrize("cls", [ContinualERM, SlidingWindowERM, MultiResolutionERM])
+def test_the_transform_takes_its_stream_config_fields_with_the_config_defaults(cls):
+    # One parameter list: the transform's keywords are its stream's config fields plus its own
+    # options, and the model defaults are the config's, so the two cannot drift.
+    config_cls = cls._stream_cls.config_cls
+    params = inspect.signature(cls).parameters
+    assert set(params) == {f.name for f in dataclasses.fields(config_cls)} | _TRANSFORM_OPTIONS
+    for field in dataclasses.fields(config_cls):
+        expected = inspect.Parameter.empty if field.default is dataclasses.MISSING else field.default
+        assert params[field.name].default == expected, field.name
+
+
+def test_the_transform_exposes_the_config_its_streams_are_built_from():
+    t = SlidingWindowERM(block_size=4, window=12, rng=ZeroNoise(), end=STEP, **COMMON)
+    assert t.config == mech.SlidingWindowERMConfig(epsilon=1.0, block_size=4, window=12, n_features=2,
+                                                   classes=["a", "b"], feature_bound=2.0, lam=0.5)
+    assert t.stream.config == t.config and t.stream.W == 3

@@ -1,5 +1,7 @@
 """Batch (FnApiRunner) and streaming (TestStream) tests of ContinualMean."""
 
+import dataclasses
+import inspect
 import json
 import random
 
@@ -11,6 +13,7 @@ from apache_beam.transforms.window import TimestampedValue
 
 import dp_beam as dpb
 from dp_beam.mechanisms import ZeroNoise
+from dp_beam.mechanisms.continual_mean import MeanConfig
 from dp_beam.transforms.mean import ContinualMean
 from tests.beam_util import batch_options, collect, streaming_options
 
@@ -704,3 +707,33 @@ def test_paper_preset_runs_with_its_log_in_batch_and_streaming(mode):
         ref = core.step(agg)
         assert r.value == pytest.approx(float(np.ravel(ref.estimate)[0]))
         assert r.active_levels == tuple(ref.active)
+
+
+#: ContinualMean's own options, beside the fields of MeanConfig.
+_MEAN_OPTIONS = {"user_fn", "value_fn", "lower", "upper", "step", "start", "end", "key_fn", "keys",
+                 "max_keys_per_user", "timestamp_fn", "allowed_lateness", "late", "rng",
+                 "noise_key", "transient_errors", "shards", "label"}
+
+
+def test_the_signature_lists_the_config_fields_with_the_config_defaults():
+    # One parameter list: help() shows every MeanConfig field, and the defaults are the
+    # config's (except max_users and dim, whose defaults are the transform's: a declared
+    # bound and the dimension of the bounds).
+    params = inspect.signature(ContinualMean).parameters
+    fields = {f.name: f for f in dataclasses.fields(MeanConfig)}
+    assert set(params) == set(fields) | _MEAN_OPTIONS
+    assert not any(p.kind is p.VAR_KEYWORD for p in params.values())
+    for name, field in fields.items():
+        if name in ("max_users", "dim"):
+            continue
+        expected = inspect.Parameter.empty if field.default is dataclasses.MISSING else field.default
+        assert params[name].default == expected, name
+    assert (params["max_users"].default, params["dim"].default) == (1_000_000, None)
+
+
+def test_explicit_config_keywords_build_the_same_params_as_the_defaults():
+    base = dict(user_fn=str, value_fn=float, lower=0, upper=1, max_samples_per_user=4, epsilon=1.0,
+                step=10, start=0, max_users=50)
+    given = {f.name: f.default for f in dataclasses.fields(MeanConfig)
+             if f.default is not dataclasses.MISSING and f.name != "dim"}
+    assert dpb.ContinualMean(**base).params.config == dpb.ContinualMean(**base, **given).params.config

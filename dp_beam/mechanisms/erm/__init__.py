@@ -14,6 +14,10 @@
 * :class:`ModelRelease` and :func:`predict` — the released model
   (:mod:`.record`); :class:`BlockLog` — where a stream keeps its raw blocks
   (design D1.3, :mod:`.log`);
+* :class:`ERMConfig` and its per-family subclasses :class:`ContinualERMConfig`,
+  :class:`SlidingWindowERMConfig`, :class:`MultiResolutionERMConfig` — the
+  validated parameters shared by the streams below and the Beam transforms
+  (:mod:`.config`);
 * :class:`MultiResolutionERMMechanism` (Algorithm 2, E-5), :class:`ContinualERMMechanism`
   (Algorithms 2 + 4, E-6) and :class:`SlidingWindowERMMechanism` (Algorithm 5 with the
   bucket / dependency-chain rule of E-7) — engine-free streams that consume
@@ -38,6 +42,12 @@ from scipy import optimize  # noqa: F401
 
 from ..checks import check_int as _int, check_real as _real  # noqa: F401
 from ..l2_laplace import l2_laplace_noise
+from .config import (
+    ContinualERMConfig,
+    ERMConfig,
+    MultiResolutionERMConfig,
+    SlidingWindowERMConfig,
+)
 from .continual import ContinualERMMechanism
 from .log import BlockLog, MemoryBlockLog
 from .loss import LogisticLoss, sigmoid as _sigmoid  # noqa: F401
@@ -65,6 +75,10 @@ from .stream import ERMStream as _ERMStream, _merge, is_pow2 as _is_pow2  # noqa
 __all__ = [
     "NOISE_KINDS",
     "WINDOW_POLICIES",
+    "ERMConfig",
+    "ContinualERMConfig",
+    "SlidingWindowERMConfig",
+    "MultiResolutionERMConfig",
     "l2_laplace_noise",
     "alg2_noise_scale",
     "alg3_noise_scale",

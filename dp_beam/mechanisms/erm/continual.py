@@ -8,13 +8,16 @@ one release per block.
 
 from typing import Optional, Sequence, Tuple
 
-from ..checks import check_int
 from ..noise import RngLike
+from .config import ContinualERMConfig
 from .log import BlockLog
 from .record import model_from_state, model_to_state
 from .stream import ERMStream, is_pow2
 
 __all__ = ["ContinualERMMechanism"]
+
+# The signature's defaults are the config's, so the two cannot drift.
+_DEFAULT = ContinualERMConfig
 
 
 class ContinualERMMechanism(ERMStream):
@@ -69,26 +72,28 @@ class ContinualERMMechanism(ERMStream):
     """
 
     name = "erm_continual"
+    config_cls = ContinualERMConfig
 
     def __init__(self, epsilon: float, block_size: int, base_size: int, n_features: int,
-                 classes: Sequence, feature_bound: float, lam: float, fit_intercept: bool = True,
-                 noise: str = "l2_laplace", delta: Optional[float] = None, rng: RngLike = None,
-                 tol_fraction: float = 0.5, log: Optional[BlockLog] = None) -> None:
-        super().__init__(epsilon=epsilon, block_size=block_size, n_features=n_features, classes=classes,
-                         feature_bound=feature_bound, lam=lam, fit_intercept=fit_intercept, noise=noise,
-                         delta=delta, rng=rng, tol_fraction=tol_fraction, log=log)
-        base_size = check_int("base_size", base_size, 1)
-        if base_size % self.block_size:
-            raise ValueError(f"base_size must be a multiple of block_size={self.block_size}, got {base_size}")
-        self.base_size = base_size
-        self.base_blocks = base_size // self.block_size
+                 classes: Sequence, feature_bound: float, lam: float,
+                 fit_intercept: bool = _DEFAULT.fit_intercept, noise: str = _DEFAULT.noise,
+                 delta: Optional[float] = _DEFAULT.delta, rng: RngLike = None,
+                 tol_fraction: float = _DEFAULT.tol_fraction, log: Optional[BlockLog] = None) -> None:
+        # The parameters are ContinualERMConfig's: checked there, once, for the transform too.
+        config = ContinualERMConfig(
+            epsilon=epsilon, block_size=block_size, base_size=base_size, n_features=n_features,
+            classes=classes, feature_bound=feature_bound, lam=lam, fit_intercept=fit_intercept,
+            noise=noise, delta=delta, tol_fraction=tol_fraction)
+        self._setup(config, rng, log)
+
+    def _setup(self, config, rng, log):
+        super()._setup(config, rng, log)
+        self.base_size = config.base_size
+        self.base_blocks = config.base_size // self.block_size
         self._base_op = self._component(0.5)
         self._update_op = self._component(0.5)
         self._fg = self._fc = None
         self._tg = None
-
-    def _config(self):
-        return {**super()._config(), "base_size": self.base_size}
 
     def base_noise_scale(self) -> float:
         """``4L/(λB·ε/2)`` (Laplace kinds; every base)."""

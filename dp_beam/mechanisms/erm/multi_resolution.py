@@ -8,12 +8,15 @@ there.
 
 from typing import List, Optional, Sequence, Tuple
 
-from ..checks import check_int
 from ..noise import RngLike
+from .config import MultiResolutionERMConfig
 from .log import BlockLog
 from .stream import ERMStream
 
 __all__ = ["MultiResolutionERMMechanism"]
+
+# The signature's defaults are the config's, so the two cannot drift.
+_DEFAULT = MultiResolutionERMConfig
 
 
 class MultiResolutionERMMechanism(ERMStream):
@@ -38,20 +41,25 @@ class MultiResolutionERMMechanism(ERMStream):
     """
 
     name = "erm_multires"
+    config_cls = MultiResolutionERMConfig
 
     def __init__(self, epsilon: float, block_size: int, n_features: int, classes: Sequence,
-                 feature_bound: float, lam: float, fit_intercept: bool = True,
-                 noise: str = "l2_laplace", delta: Optional[float] = None,
-                 max_scale: Optional[int] = None, rng: RngLike = None, tol_fraction: float = 0.5,
+                 feature_bound: float, lam: float, fit_intercept: bool = _DEFAULT.fit_intercept,
+                 noise: str = _DEFAULT.noise, delta: Optional[float] = _DEFAULT.delta,
+                 max_scale: Optional[int] = _DEFAULT.max_scale, rng: RngLike = None,
+                 tol_fraction: float = _DEFAULT.tol_fraction,
                  log: Optional[BlockLog] = None) -> None:
-        super().__init__(epsilon=epsilon, block_size=block_size, n_features=n_features, classes=classes,
-                         feature_bound=feature_bound, lam=lam, fit_intercept=fit_intercept, noise=noise,
-                         delta=delta, rng=rng, tol_fraction=tol_fraction, log=log)
-        self.max_scale = None if max_scale is None else check_int("max_scale", max_scale, 0)
-        self._op = self._component(1.0)
+        # The parameters are MultiResolutionERMConfig's: checked there, once, for the transform too.
+        config = MultiResolutionERMConfig(
+            epsilon=epsilon, block_size=block_size, n_features=n_features, classes=classes,
+            feature_bound=feature_bound, lam=lam, fit_intercept=fit_intercept, noise=noise,
+            delta=delta, max_scale=max_scale, tol_fraction=tol_fraction)
+        self._setup(config, rng, log)
 
-    def _config(self):
-        return {**super()._config(), "max_scale": self.max_scale}
+    def _setup(self, config, rng, log):
+        super()._setup(config, rng, log)
+        self.max_scale = config.max_scale
+        self._op = self._component(1.0)
 
     def noise_scale(self) -> float:
         """Laplace scale ``4L/(λBε)`` shared by every scale (for Gaussian noise σ

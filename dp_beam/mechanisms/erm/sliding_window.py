@@ -8,16 +8,16 @@ each bucket's model regularised toward its predecessor in the chain.
 
 from typing import List, Optional, Sequence, Tuple
 
-from ..checks import check_int
 from ..noise import RngLike
+from .config import WINDOW_POLICIES, SlidingWindowERMConfig
 from .log import BlockLog
 from .record import ModelRelease
-from .stream import ERMStream, is_pow2
+from .stream import ERMStream
 
 __all__ = ["WINDOW_POLICIES", "SlidingWindowERMMechanism", "sliding_buckets"]
 
-#: How :class:`SlidingWindowERMMechanism` treats a window that is not (2^k − 1) blocks (E-7).
-WINDOW_POLICIES = ("exact", "round_down", "general")
+# The signature's defaults are the config's, so the two cannot drift.
+_DEFAULT = SlidingWindowERMConfig
 
 
 #: A bucket ``(side, lo, hi, level)``: side ``"B"`` (base), ``"L"`` or ``"R"``,
@@ -99,32 +99,29 @@ class SlidingWindowERMMechanism(ERMStream):
     """
 
     name = "erm_sliding"
+    config_cls = SlidingWindowERMConfig
 
     def __init__(self, epsilon: float, block_size: int, window: int, n_features: int,
-                 classes: Sequence, feature_bound: float, lam: float, fit_intercept: bool = True,
-                 noise: str = "l2_laplace", delta: Optional[float] = None,
-                 window_policy: str = "exact", rng: RngLike = None, tol_fraction: float = 0.5,
+                 classes: Sequence, feature_bound: float, lam: float,
+                 fit_intercept: bool = _DEFAULT.fit_intercept, noise: str = _DEFAULT.noise,
+                 delta: Optional[float] = _DEFAULT.delta,
+                 window_policy: str = _DEFAULT.window_policy, rng: RngLike = None,
+                 tol_fraction: float = _DEFAULT.tol_fraction,
                  log: Optional[BlockLog] = None) -> None:
-        super().__init__(epsilon=epsilon, block_size=block_size, n_features=n_features, classes=classes,
-                         feature_bound=feature_bound, lam=lam, fit_intercept=fit_intercept, noise=noise,
-                         delta=delta, rng=rng, tol_fraction=tol_fraction, log=log)
-        if window_policy not in WINDOW_POLICIES:
-            raise ValueError(f"window_policy must be one of {WINDOW_POLICIES}, got {window_policy!r}")
-        window = check_int("window", window, self.block_size)
-        self.window = window
-        self.window_policy = window_policy
-        if window_policy == "exact" and window % self.block_size:
-            raise ValueError(f"window must be a multiple of block_size={self.block_size} in exact mode, got {window}")
-        W = window // self.block_size
-        if window_policy == "exact":
-            if not is_pow2(W + 1):
-                raise ValueError(f"window must be (2^k - 1)·block_size in exact mode, got {W} blocks "
-                                 f"(use window_policy='round_down' or 'general')")
-        elif window_policy == "round_down":
-            W = (1 << ((W + 1).bit_length() - 1)) - 1
-        self.W = W
-        self.P = (W + 1) // 2
-        self.left_capacity = W - self.P
+        # The parameters are SlidingWindowERMConfig's: checked there, once, for the transform too.
+        config = SlidingWindowERMConfig(
+            epsilon=epsilon, block_size=block_size, window=window, n_features=n_features,
+            classes=classes, feature_bound=feature_bound, lam=lam, fit_intercept=fit_intercept,
+            noise=noise, delta=delta, window_policy=window_policy, tol_fraction=tol_fraction)
+        self._setup(config, rng, log)
+
+    def _setup(self, config, rng, log):
+        super()._setup(config, rng, log)
+        self.window = config.window
+        self.window_policy = config.window_policy
+        self.W = config.window_blocks
+        self.P = (self.W + 1) // 2
+        self.left_capacity = self.W - self.P
         self._base_op = self._component(1.0)
         self._models = {}
 
@@ -132,9 +129,6 @@ class SlidingWindowERMMechanism(ERMStream):
     def effective_window(self) -> int:
         """Records in the window actually used (w rounded as the policy says); must be logged."""
         return self.W * self.block_size
-
-    def _config(self):
-        return {**super()._config(), "window": self.window, "window_policy": self.window_policy}
 
     def base_noise_scale(self) -> float:
         return self._base_op.call_noise(self.P * self.block_size, 1.0 / 3.0)["scale"]

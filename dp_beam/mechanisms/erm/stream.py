@@ -9,19 +9,20 @@ subclass which models the new block triggers, and serialises a small state
 (:meth:`ERMStream.to_state`) apart from the log.
 """
 
-from typing import Any, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, List, Optional, Tuple
 
 import numpy as np
 from numpy.typing import ArrayLike
 
 from ...accounting.cost import Cost
 from ..calibration import rho_from_eps_delta
-from ..checks import check_int, check_real
-from ..noise import RngLike, ZeroNoise, make_noise
+from ..noise import RngLike, make_noise
 from .log import BlockLog, MemoryBlockLog
-from .loss import LogisticLoss
 from .perturbation import OutputPerturbation
 from .record import ModelRelease
+
+if TYPE_CHECKING:  # the config module imports this one (is_pow2)
+    from .config import ERMConfig
 
 __all__ = ["ERMStream", "is_pow2"]
 
@@ -42,26 +43,42 @@ def _merge(intervals):
 
 
 class ERMStream:
-    """Shared machinery: configuration, block buffering, retained blocks, state."""
+    """Shared machinery: configuration, block buffering, retained blocks, state.
+
+    A subclass names its :attr:`config_cls` (a :class:`~.config.ERMConfig`),
+    builds that config from its keyword arguments and hands it to
+    :meth:`_setup`, which every parameter check has already passed;
+    :meth:`from_config` builds a stream from a config directly.
+    """
 
     name = None
     STATE_VERSION = 1
+    #: The :class:`~.config.ERMConfig` subclass holding the family's parameters.
+    config_cls: type = None
 
-    def __init__(self, *, epsilon: float, block_size: int, n_features: int, classes: Sequence,
-                 feature_bound: float, lam: float, fit_intercept: bool, noise: str,
-                 delta: Optional[float], rng: RngLike, tol_fraction: float,
-                 log: Optional[BlockLog] = None) -> None:
+    @classmethod
+    def from_config(cls, config: "ERMConfig", rng: RngLike = None,
+                    log: Optional[BlockLog] = None) -> "ERMStream":
+        """The stream of a validated ``config`` (an instance of :attr:`config_cls`);
+        ``rng`` and ``log`` as in the constructor."""
+        if not isinstance(config, cls.config_cls):
+            raise ValueError(f"config must be a {cls.config_cls.__name__}, got {config!r}")
+        stream = cls.__new__(cls)
+        stream._setup(config, rng, log)
+        return stream
+
+    def _setup(self, config: "ERMConfig", rng: RngLike, log: Optional[BlockLog]) -> None:
         if log is not None and not all(callable(getattr(log, m, None)) for m in ("append", "read", "release_before")):
             raise ValueError(f"log must be a BlockLog (append, read, release_before) or None, got {log!r}")
-        self.block_size = check_int("block_size", block_size, 1)
-        self.loss = LogisticLoss(n_features, classes, feature_bound, fit_intercept)
-        self.epsilon = check_real("epsilon", epsilon, positive=True)
-        self.lam = check_real("lam", lam, positive=True)
-        # Validate noise/delta once, on the whole budget, so errors name them.
-        OutputPerturbation(self.loss, lam, epsilon, noise, delta, rng=ZeroNoise(), tol_fraction=tol_fraction)
-        self.noise = noise
-        self.delta = None if noise != "gaussian" else float(delta)
-        self.tol_fraction = float(tol_fraction)
+        #: The validated parameters (:class:`~.config.ERMConfig`); the attributes below mirror them.
+        self.config = config
+        self.block_size = config.block_size
+        self.loss = config.loss()
+        self.epsilon = config.epsilon
+        self.lam = config.lam
+        self.noise = config.noise
+        self.delta = config.delta
+        self.tol_fraction = config.tol_fraction
         self._source = make_noise(rng)
         # Complete blocks: index (1-based count) -> (X clipped, class indices).
         self._log = MemoryBlockLog() if log is None else log
@@ -87,13 +104,7 @@ class ERMStream:
         return self._count * self.block_size
 
     def _config(self):
-        return {
-            "epsilon": self.epsilon, "block_size": self.block_size,
-            "n_features": self.loss.n_features, "classes": list(self.loss.classes),
-            "feature_bound": self.loss.feature_bound, "lam": self.lam,
-            "fit_intercept": self.loss.fit_intercept, "noise": self.noise, "delta": self.delta,
-            "tol_fraction": self.tol_fraction,
-        }
+        return self.config.to_dict()
 
     def privacy_cost(self) -> Cost:
         """The cost of the whole release sequence, per record (E-5 to E-7, E-9)."""

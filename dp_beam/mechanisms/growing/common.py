@@ -30,7 +30,7 @@ import numpy as np
 from numpy.typing import ArrayLike
 
 from ...accounting.cost import Cost
-from ..calibration import rho_from_eps_delta
+from ..calibration import rho_from_eps, rho_from_eps_delta
 from ..checks import check_int, check_real
 from ..noise import NoiseSource
 
@@ -68,9 +68,9 @@ def growing_cost(epsilon: float, delta: float, square_sum: Optional[float] = Non
 
     (ε, δ)-DP with ρ*(ε, δ)-zCDP when δ > 0 (the schedules are calibrated to ρ*,
     so ε is the caller's); otherwise pure ε-DP with ρ = Σε_i²/2 over the runs'
-    budgets ε_i, ``square_sum`` (default ε², one budget). ρ keeps the form
-    ``0.5·ε**2``, which can differ from ``0.5·ε·ε`` in the last bit, so ledgers
-    stay identical.
+    budgets ε_i, ``square_sum`` (default ε², one budget, whose ρ is then
+    :func:`~dp_beam.mechanisms.calibration.rho_from_eps`, the ε → ρ conversion
+    every pure-ε cost uses).
 
     >>> growing_cost(1.0, 0.0)
     Cost(epsilon=1.0, delta=0.0, rho=0.5)
@@ -79,7 +79,10 @@ def growing_cost(epsilon: float, delta: float, square_sum: Optional[float] = Non
     """
     if delta > 0:
         return Cost.gaussian(rho_star(epsilon, delta), delta, epsilon=epsilon)
-    return Cost(epsilon, 0.0, 0.5 * (epsilon ** 2 if square_sum is None else square_sum))
+    if square_sum is None:
+        return Cost(epsilon, 0.0, rho_from_eps(epsilon))
+    # Σ rho_from_eps(ε_i) = Σε_i²/2: the scheduler sums the squares in closed form.
+    return Cost(epsilon, 0.0, 0.5 * square_sum)
 
 
 def exact_gamma(gamma: float) -> Fraction:

@@ -10,7 +10,7 @@ from typing import Any, Dict, List, Optional, Tuple, Union
 from scipy import stats
 
 from ...accounting.cost import Cost
-from ..calibration import eps_from_rho_delta, rho_from_eps_delta
+from ..calibration import eps_from_rho_delta, rho_from_eps, rho_from_eps_delta
 from ..checks import check_int
 from ..counting.tree import NOISE_KINDS, BinaryTreeMechanism
 from ..noise import ZeroNoise, make_noise
@@ -311,7 +311,7 @@ class KeySelection:
         does; an accountant composing in zCDP must add that δ separately.
         """
         if self._noise == "laplace":
-            rho = self._m * (self._counter_epsilon ** 2 / 2.0 if self._probe is None
+            rho = self._m * (rho_from_eps(self._counter_epsilon) if self._probe is None
                              else self._probe.rho)
         else:
             rho = self._rho

@@ -22,6 +22,7 @@ from dp_beam.mechanisms.growing import (
     rho_star,
 )
 from dp_beam.accounting.cost import Cost
+from dp_beam.mechanisms.calibration import rho_from_eps
 from dp_beam.mechanisms.growing.common import growing_cost
 
 from .helpers import close
@@ -52,7 +53,7 @@ def test_5_gamma_formula():
 
 
 def test_growing_costs():
-    # ρ keeps the form 0.5·ε**2, which differs from 0.5·ε·ε in the last bit for some ε.
+    # ρ = ε²/2 (rho_from_eps; for ε = 0.1 the same float as 0.5·ε**2).
     eps = 0.1
     assert growing_cost(eps, 0.0).rho == 0.5 * eps ** 2
     assert growing_cost(1.0, 1e-6) == {"epsilon": 1.0, "delta": 1e-6, "rho": rho_star(1.0, 1e-6)}
@@ -65,3 +66,9 @@ def test_growing_costs():
         assert isinstance(cost, Cost) and cost.epsilon == 1.0
     assert PMWGParams(epsilon=1.0, alpha=0.3, n=50, universe_size=4).privacy_cost() == {
         "epsilon": 1.0, "delta": 0.0, "rho": 0.5}
+
+
+def test_a_pure_cost_converts_epsilon_to_rho_as_every_pure_cost_does():
+    # One ε → ρ conversion: rho_from_eps, the one Cost.laplace agrees with.
+    for eps in [1e-6, 0.01, 0.1, 0.3, 1.0, 1.7, 2.5, 10.0]:
+        assert growing_cost(eps, 0.0).rho == rho_from_eps(eps) == Cost.laplace(eps).rho
