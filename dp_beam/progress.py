@@ -85,13 +85,15 @@ def interval_seconds(value: Optional[Union[float, str]] = None) -> float:
 class ReleaseProgress:
     """Rate-limited progress of one transform's release DoFn on one worker.
 
-    Call :meth:`released` once per released step. The object travels with
+    Call :meth:`released` once per released step and :meth:`report` after a
+    run of them. The object travels with
     the pickled DoFn, so its counts start at zero on every worker; the
     interval is read on the worker (where ``DP_BEAM_PROGRESS_SECONDS`` is
     set), at the first release.
 
     >>> p = ReleaseProgress("hourly", interval=3600)
     >>> p.released("AA", 10, 39600.0, events=3); p.released("AA", 11, 43200.0, events=0)
+    >>> p.report()
     >>> p.steps, p.events
     (2, 3)
     """
@@ -104,13 +106,14 @@ class ReleaseProgress:
         self._used = Metrics.counter(NAMESPACE, f"{transform}.events_used")
         self.steps = 0
         self.events = 0
+        self._unreported = 0
         self._next = None  # monotonic time of the next line; None until the first release
         self._started = None
 
     def released(self, key: Any, step: int, window_end: float, events: int = 0) -> None:
-        """One step of ``key``'s stream released, having used ``events`` input events."""
-        if events:
-            self._used.inc(events)
+        """One step of ``key``'s stream released, having used ``events`` input events (added
+        to the ``events_used`` metric by :meth:`report`)."""
+        self._unreported += events
         self.steps += 1
         self.events += events
         now = time.monotonic()
@@ -121,6 +124,13 @@ class ReleaseProgress:
         if now >= self._next:
             self._next = now + self._every
             self._log(key, step, window_end, now)
+
+    def report(self) -> None:
+        """Adds the events used since the last call to the ``events_used`` metric: once per
+        firing, since a metric update costs more than a step's other bookkeeping."""
+        if self._unreported:
+            self._used.inc(self._unreported)
+            self._unreported = 0
 
     def _log(self, key, step, window_end, now):
         end = time.strftime("%Y-%m-%d %H:%M", time.gmtime(window_end))

@@ -30,7 +30,8 @@ from dp_beam.transforms.events import (CAPPED, INVALID, TRANSIENT_ERRORS,
                                        check_callable, check_transient_errors)
 from dp_beam.transforms.keys import UNITS, EventUnits
 from dp_beam.transforms.release_spec import ReleaseSpec
-from dp_beam.transforms.steps import EventStep, per_step
+from dp_beam.transforms.steps import (EventStepTotals, PrepareStepTotals, in_global_window,
+                                     per_step)
 from dp_beam.transforms.streams import (private_keys, raw_steps, release_streams, set_release_options,
                                         validation)
 
@@ -179,6 +180,14 @@ class CounterReleaseSpec(ReleaseSpec):
         self._ledger = ledger_template
         self._monotone = monotone
         self._grid_exponent = grid_exponent
+        # t -> (noise_std, ci95, mechanism name): public functions of t and of the
+        # parameters, equal for every stream of the spec, so each t is computed once
+        # per DoFn instead of once per stream and step.
+        self._public = {}
+
+    def __getstate__(self):
+        # The cache is rebuilt where the spec runs; it need not travel with the pipeline.
+        return {**self.__dict__, "_public": {}}
 
     def new_mechanism(self, rng: Any, first: Optional[int] = None) -> Any:
         mechanism = get_mechanism(self._mechanism)(rng=rng, **self._args)
@@ -202,10 +211,13 @@ class CounterReleaseSpec(ReleaseSpec):
             total = round_total(total, self._grid_exponent)
         value = mechanism.step(total)
         t = mechanism.t
+        public = self._public.get(t)
+        if public is None:
+            public = self._public[t] = (float(mechanism.noise_std(t)),
+                                        float(mechanism.ci_halfwidth(t)), mechanism.name)
         yield Release(key=key, step=step, window_start=step * self.step_seconds,
                       window_end=(step + 1) * self.step_seconds, value=float(value),
-                      noise_std=float(mechanism.noise_std(t)),
-                      ci95=float(mechanism.ci_halfwidth(t)), mechanism=mechanism.name,
+                      noise_std=public[0], ci95=public[1], mechanism=public[2],
                       transform=self.transform, t=t)
 
     def ledger(self, key: Any) -> List[LedgerEntry]:
@@ -314,13 +326,26 @@ class _ContinualTotal(beam.PTransform):
     def expand(self, events):
         label = self.label
         schedule, declared, side = validation(self)
-        prepared = events | "Validate" >> beam.ParDo(PrepareEvents(
-            label, self._value_fn, self._lower, self._upper, self._key_fn, self._user_fn,
-            self._timestamp_fn, schedule, declared, self._transient),
-            **side).with_outputs(INVALID, main="valid")
+        step_total = _SumCount() if self._value_fn is not None else _CountSteps()
+        selecting = private_keys(self)
+        prepare = dict(value_fn=self._value_fn, lower=self._lower, upper=self._upper,
+                       key_fn=self._key_fn, user_fn=self._user_fn,
+                       timestamp_fn=self._timestamp_fn, schedule=schedule, keys=declared,
+                       transient_errors=self._transient)
+        # The sharded batch release groups per shard anyway: it merges the bundles'
+        # partial totals per (key, step) there, which saves a combine's own grouping.
+        lifted = raw_steps(self, events) and self._fanout is None
+        if lifted and self._unit == "event" and selecting is None:
+            prepared = (in_global_window(events, "EventWindow")
+                        | "Validate" >> beam.ParDo(PrepareStepTotals(
+                            label, step_total, self._step_micros, **prepare), **side)
+                        .with_outputs(INVALID, main="valid"))
+            return self._release(events, prepared.valid, [prepared[INVALID]], None, step_total)
+
+        prepared = events | "Validate" >> beam.ParDo(PrepareEvents(label, **prepare),
+                                                     **side).with_outputs(INVALID, main="valid")
         invalids = [prepared[INVALID]]
         valid = prepared.valid
-        selecting = private_keys(self)
         units = None
         if self._unit == "user":
             max_keys = selecting.max_keys_per_unit if selecting is not None else None
@@ -334,21 +359,21 @@ class _ContinualTotal(beam.PTransform):
             units = bounded[UNITS]
         elif selecting is not None:
             units = valid | "EventUnits" >> beam.ParDo(EventUnits())
+        if lifted:
+            aggregates = (in_global_window(valid, "StepWindow")
+                          | "StepTotals" >> beam.ParDo(EventStepTotals(step_total,
+                                                                       self._step_micros)))
+            return self._release(events, aggregates, invalids, units, step_total)
+        aggregates = per_step(valid, step_total, self._step, self._step_micros,
+                              events.is_bounded, self._fanout)
+        return self._release(events, aggregates, invalids, units, None)
 
-        step_total = _SumCount() if self._value_fn is not None else _CountSteps()
-        combine_fn = None
-        if raw_steps(self, events) and self._fanout is None:
-            # The sharded batch release groups per shard anyway: it combines
-            # per (key, step) there, which saves the combine's own grouping.
-            aggregates = valid | "EventStep" >> beam.ParDo(EventStep(self._step_micros))
-            combine_fn = step_total
-        else:
-            aggregates = per_step(valid, step_total, self._step, self._step_micros,
-                                  events.is_bounded, self._fanout)
-
-        entry = self.plan_entry(label)
-        spec = CounterReleaseSpec(label, self._step, self._mechanism, self._mechanism_args, entry,
-                                  self._monotone, self._grid_exponent)
+    def _release(self, events, aggregates, invalids, units, combine_fn):
+        """The ordered release of the per-step ``aggregates`` (partial totals of
+        ``combine_fn`` when it is given)."""
+        entry = self.plan_entry(self.label)
+        spec = CounterReleaseSpec(self.label, self._step, self._mechanism, self._mechanism_args,
+                                  entry, self._monotone, self._grid_exponent)
         return release_streams(self, events, aggregates, spec, entry, invalids, units=units,
                                unit=self._unit, combine_fn=combine_fn)
 

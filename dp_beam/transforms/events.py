@@ -410,35 +410,37 @@ class PrepareEvents(ValidatingDoFn):
         self._clamped = Metrics.counter(NAMESPACE, f"{transform}.clamped")
 
     def process(self, element, timestamp=beam.DoFn.TimestampParam, declared=None):
-        ts, key, err = self._time_and_key(element, timestamp, declared)
+        ts, key, user, value, err = self._prepare(element, timestamp, declared)
         if err:
             yield self._reject(element, err, timestamp)
-            return
+        elif self._user_fn is None:
+            yield beam.window.TimestampedValue((key, value), ts)
+        else:
+            yield beam.window.TimestampedValue((user, (key, value)), ts)
+
+    def _prepare(self, element, timestamp, declared):
+        """``(seconds, key, user, value, None)`` of a valid element (``user`` None without
+        ``user_fn``), or ``(None, None, None, None, reason)``."""
+        ts, key, err = self._time_and_key(element, timestamp, declared)
+        if err:
+            return None, None, None, None, err
         user = None
         if self._user_fn is not None:
             user, err = self._user(element, self._user_fn)
             if err:
-                yield self._reject(element, err, timestamp)
-                return
-
+                return None, None, None, None, err
         if self._value_fn is None:
-            value = 1.0
-        else:
-            raw, err = self._call("value_fn", self._value_fn, element)
-            if err:
-                yield self._reject(element, err, timestamp)
-                return
-            value, err = as_real(raw)
-            if err:
-                yield self._reject(element, err, timestamp)
-                return
-            if value < self._lower or value > self._upper:
-                self._clamped.inc()
-                value = min(max(value, self._lower), self._upper)
-        if self._user_fn is None:
-            yield beam.window.TimestampedValue((key, value), ts)
-        else:
-            yield beam.window.TimestampedValue((user, (key, value)), ts)
+            return ts, key, user, 1.0, None
+        raw, err = self._call("value_fn", self._value_fn, element)
+        if err:
+            return None, None, None, None, err
+        value, err = as_real(raw)
+        if err:
+            return None, None, None, None, err
+        if value < self._lower or value > self._upper:
+            self._clamped.inc()
+            value = min(max(value, self._lower), self._upper)
+        return ts, key, user, value, None
 
 
 def capped(reason: str, user: Any, step: int, example: Dict[str, Any], ts: float,

@@ -32,6 +32,9 @@ from apache_beam.metrics import Metrics
 from apache_beam.transforms.timeutil import TimeDomain
 from apache_beam.transforms.userstate import (BagStateSpec, ReadModifyWriteStateSpec,
                                               TimerSpec, on_timer)
+from apache_beam.transforms.window import GlobalWindow
+from apache_beam.utils.timestamp import Timestamp
+from apache_beam.utils.windowed_value import WindowedValue
 
 from dp_beam.mechanisms import NoiseSource, make_noise
 from dp_beam.mechanisms.noise_key import KeyedNoise, NoiseKey
@@ -51,6 +54,9 @@ __all__ = ["LoggedReleaseDoFn", "OrderedReleaseDoFn", "release_in_order"]
 
 #: Stream keys whose base noise source a release DoFn keeps (each a few hundred bytes).
 _SOURCE_CACHE = 4096
+#: Steps whose release timestamp a release DoFn keeps.
+_STAMP_CACHE = 1 << 16
+_GLOBAL_WINDOWS = (GlobalWindow(),)
 
 
 @beam.typehints.with_output_types(Any)
@@ -140,6 +146,7 @@ class OrderedReleaseDoFn(beam.DoFn):
         self._progress = ReleaseProgress(label)  # rate-limited progress lines, events_used
         self._noise = None
         self._sources = {}
+        self._stamps = {}
 
     def setup(self):
         if self._seed is not None and not isinstance(self._seed, int):
@@ -174,6 +181,17 @@ class OrderedReleaseDoFn(beam.DoFn):
 
     def _end_micros(self, step):
         return int(round(self._spec.window_end(step) * 1e6)) / 1e6
+
+    def _end_stamp(self, step):
+        """``Timestamp.of(_end_micros(step))``, kept per step: every stream of a shard or
+        worker releases the same steps."""
+        stamps = self._stamps
+        stamp = stamps.get(step)
+        if stamp is None:
+            if len(stamps) >= _STAMP_CACHE:
+                stamps.clear()
+            stamp = stamps[step] = Timestamp.of(self._end_micros(step))
+        return stamp
 
     def _closed(self, nxt):
         return nxt is not None and (nxt >= CLOSED or (self._end is not None and nxt >= self._end))
@@ -402,11 +420,15 @@ class OrderedReleaseDoFn(beam.DoFn):
                 if isinstance(record, pvalue.TaggedOutput):
                     yield record
                 else:
-                    yield beam.window.TimestampedValue(record, self._end_micros(step))
+                    # The release runs in the global window (release_in_order), so the
+                    # record is placed there directly: the same element a TimestampedValue
+                    # would give, without a WindowFn assignment per record.
+                    yield WindowedValue(record, self._end_stamp(step), _GLOBAL_WINDOWS)
             done = spec.done(mechanism)
             step += 1
         if released:
             self._released.inc(released)
+            self._progress.report()
         if empty:
             self._empty.inc(empty)
         return mechanism, step, done
@@ -515,9 +537,10 @@ def release_in_order(aggregates: beam.PCollection, spec: ReleaseSpec, plan: Iter
     0 keeps one stateful key per stream. Specs with a log always use the
     per-key path. Bounded input with shards is released without state or
     timers (:class:`~dp_beam.transforms.shards.BatchShardReleaseDoFn`);
-    ``combine_fn`` (only there) says that ``aggregates`` are raw
-    ``(key, (step, value))`` events, combined per (key, step) by that fn in
-    the release's own grouping.
+    ``combine_fn`` (only there) says that ``aggregates`` are partial
+    accumulators ``(key, (step, accumulator))`` of that fn
+    (:class:`~dp_beam.transforms.steps.StepTotals`), merged per (key, step)
+    in the release's own grouping.
     """
     schedule.require_end(bounded, spec.transform)
     if combine_fn is not None and not (shards and bounded and not spec.uses_log):

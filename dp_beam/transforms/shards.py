@@ -213,10 +213,12 @@ class BatchShardReleaseDoFn(beam.DoFn):
     of their keys' canonical encoding, so that the order does not depend on
     the runner's grouping.
 
-    ``combine_fn``: the input is then the raw ``(key, (step, value))`` events
-    and the stream markers, and the aggregate of each (key, step) is
-    ``combine_fn`` over its values (as the combine upstream of the per-key
-    path computes it; float sums may add in another order).
+    ``combine_fn``: the input is then the stream markers and partial
+    accumulators ``(key, (step, accumulator))`` of ``combine_fn`` (each
+    bundle's totals, :class:`~dp_beam.transforms.steps.StepTotals`), and the
+    aggregate of each (key, step) is their merge, as the combine upstream of
+    the per-key path computes it (exactly the same for the order-free
+    combines of the continual totals).
     """
 
     def __init__(self, inner: OrderedReleaseDoFn,
@@ -232,22 +234,21 @@ class BatchShardReleaseDoFn(beam.DoFn):
         self._inner.setup()
 
     def _aggregated(self, values):
-        """With ``combine_fn``: the input holds raw ``(key, (step, value))`` events, combined
-        here per (key, step) (one grouping instead of a combine's and the release's); the
-        stream markers pass through first."""
+        """With ``combine_fn``: the input holds partial accumulators per (key, step), merged
+        here (one grouping instead of a combine's and the release's); the stream markers
+        pass through first."""
         fn = self._combine_fn
         if fn is None:
             return values
-        markers, accumulators = [], {}
+        markers, partials = [], {}
         for key, (step, value) in values:
             if isinstance(value, (StreamStart, NotAdmitted)):
                 markers.append((key, (step, value)))
-                continue
-            acc = accumulators.get((key, step))
-            accumulators[key, step] = fn.add_input(
-                fn.create_accumulator() if acc is None else acc, value)
-        return markers + [(key, (step, fn.extract_output(acc)))
-                          for (key, step), acc in accumulators.items()]
+            else:
+                partials.setdefault((key, step), []).append(value)
+        return markers + [(key, (step, fn.extract_output(
+            accs[0] if len(accs) == 1 else fn.merge_accumulators(accs))))
+                          for (key, step), accs in partials.items()]
 
     def process(self, element):
         _, values = element

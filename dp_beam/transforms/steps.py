@@ -5,16 +5,18 @@ A step is ``timestamp.micros // step_micros``: the epoch-aligned grid of
 (bounded) paths of :func:`per_step` agree on every event's step.
 """
 
-from typing import Any, Optional, Tuple
+from typing import Any, List, Optional, Sequence, Tuple
 
 import apache_beam as beam
-from apache_beam.transforms.window import FixedWindows, GlobalWindows
+from apache_beam.transforms.window import FixedWindows, GlobalWindow, GlobalWindows
 from apache_beam.utils.timestamp import Timestamp
+from apache_beam.utils.windowed_value import WindowedValue
 
-from dp_beam.transforms.events import UNBOUNDED_LATENESS
+from dp_beam.transforms.events import UNBOUNDED_LATENESS, PrepareEvents
 from dp_beam.transforms.stream_keys import KV, StreamKey
 
-__all__ = ["EventStep", "KeyByStep", "StepEnd", "StepOf", "per_step"]
+__all__ = ["EventStepTotals", "in_global_window", "KeyByStep", "MAX_BUNDLE_TOTALS",
+           "PrepareStepTotals", "StepEnd", "StepOf", "StepTotals", "per_step"]
 
 
 @beam.typehints.with_output_types(Tuple[StreamKey, Any])
@@ -30,17 +32,114 @@ class KeyByStep(beam.DoFn):
         yield (key, timestamp.micros // self._step_micros), value
 
 
-@beam.typehints.with_output_types(Tuple[StreamKey, Tuple[int, Any]])
-class EventStep(beam.DoFn):
-    """``(key, value)`` → ``(key, (step, value))``: one event and its step, for a release that
-    combines per (key, step) itself."""
+#: Partial totals one bundle holds before it emits them: bounds a bundle's memory, while
+#: every event of a (key, step) seen before the bound still enters one accumulator.
+MAX_BUNDLE_TOTALS = 1 << 16
+_GLOBAL_WINDOWS = (GlobalWindow(),)
 
-    def __init__(self, step_micros: int) -> None:
+
+class StepTotals:
+    """Partial accumulators of ``combine_fn`` per (key, step), gathered over one bundle.
+
+    Beam lifts a ``CombinePerKey`` the same way: each bundle pre-combines what
+    it holds, and the grouping carries one accumulator per (key, step) and
+    bundle instead of one element per event. The accumulators leave as
+    ``(key, (step, accumulator))`` in the global window, stamped at the
+    step's last microsecond, and are merged by the release
+    (:class:`~dp_beam.transforms.shards.BatchShardReleaseDoFn`). Exact only
+    for a combine whose merge does not depend on the order (the counts and
+    the exact sums of the continual totals).
+
+    >>> totals = StepTotals(beam.combiners.CountCombineFn(), step_micros=10)
+    >>> totals.add("k", 3, 1.0), totals.add("k", 7, 1.0), totals.add("k", 12, 1.0)
+    ((), (), ())
+    >>> sorted(wv.value for wv in totals.flush())
+    [('k', (0, 2)), ('k', (1, 1))]
+    """
+
+    def __init__(self, combine_fn: beam.CombineFn, step_micros: int) -> None:
+        self._fn = combine_fn
         self._step_micros = step_micros
+        self._accumulators = {}
+
+    def add(self, key: Any, micros: int, value: Any) -> Sequence[WindowedValue]:
+        """Adds an event at ``micros``; returns what to emit now (nothing, or the whole table
+        once it holds :data:`MAX_BUNDLE_TOTALS` entries)."""
+        slot = (key, micros // self._step_micros)
+        accumulators = self._accumulators
+        acc = accumulators.get(slot)
+        if acc is None:
+            acc = self._fn.create_accumulator()
+        accumulators[slot] = self._fn.add_input(acc, value)
+        if len(accumulators) >= MAX_BUNDLE_TOTALS:
+            return self.flush()
+        return ()
+
+    def flush(self) -> List[WindowedValue]:
+        """The gathered accumulators as global-window elements; the table starts empty again."""
+        accumulators, self._accumulators = self._accumulators, {}
+        micros = self._step_micros
+        return [WindowedValue((key, (step, acc)), Timestamp(micros=(step + 1) * micros - 1),
+                              _GLOBAL_WINDOWS)
+                for (key, step), acc in accumulators.items()]
+
+
+@beam.typehints.with_output_types(Tuple[StreamKey, Tuple[int, Any]])
+class EventStepTotals(beam.DoFn):
+    """``(key, value)`` events in the global window → ``(key, (step, accumulator))``: the
+    bundle's partial totals per (key, step) (:class:`StepTotals`), for a release that merges
+    them itself."""
+
+    def __init__(self, combine_fn: beam.CombineFn, step_micros: int) -> None:
+        self._combine_fn = combine_fn
+        self._step_micros = step_micros
+        self._totals = None
+
+    def start_bundle(self):
+        self._totals = StepTotals(self._combine_fn, self._step_micros)
 
     def process(self, element, timestamp=beam.DoFn.TimestampParam):
         key, value = element
-        yield key, (timestamp.micros // self._step_micros, value)
+        yield from self._totals.add(key, timestamp.micros, value)
+
+    def finish_bundle(self):
+        yield from self._totals.flush()
+
+
+@beam.typehints.with_output_types(Tuple[StreamKey, Tuple[int, Any]])
+class PrepareStepTotals(PrepareEvents):
+    """:class:`~dp_beam.transforms.events.PrepareEvents` and :class:`EventStepTotals` in one
+    pass, for events in the global window without ``user_fn``: the same checks and dead
+    letters, then the bundle's partial totals per (key, step) instead of one timestamped
+    element per event (which costs a window assignment, and a second DoFn to find its step).
+
+    The step is that of the event time as :class:`~apache_beam.utils.timestamp.Timestamp`
+    holds it (whole microseconds, truncated), as if the event had been re-stamped.
+    """
+
+    def __init__(self, transform: str, combine_fn: beam.CombineFn, step_micros: int,
+                 **prepare: Any) -> None:
+        super().__init__(transform, **prepare)
+        if self._user_fn is not None:
+            raise ValueError("PrepareStepTotals takes no user_fn (user contributions are "
+                             "bounded between validation and the totals)")
+        self._combine_fn = combine_fn
+        self._step_micros = step_micros
+        self._totals = None
+
+    def start_bundle(self):
+        self._totals = StepTotals(self._combine_fn, self._step_micros)
+
+    def process(self, element, timestamp=beam.DoFn.TimestampParam, declared=None):
+        ts, key, _, value, err = self._prepare(element, timestamp, declared)
+        if err:
+            yield self._reject(element, err, timestamp)
+            return
+        # Timestamp(seconds) keeps int(seconds · 10^6) microseconds.
+        yield from self._totals.add(key, int(ts * 1_000_000), value)
+
+    def finish_bundle(self):
+        yield from self._totals.flush()
 
 
 @beam.typehints.with_output_types(Tuple[StreamKey, Tuple[int, Any]])
@@ -123,6 +222,15 @@ class _FanoutCombinePerKey(beam.PTransform):
                 | "PreCombine" >> beam.CombinePerKey(_Partial(self._fn))
                 | "Gather" >> beam.Map(lambda kv: (kv[0][0], kv[1])).with_output_types(KV)
                 | "PostCombine" >> beam.CombinePerKey(_MergePartials(self._fn)))
+
+
+def in_global_window(pcoll: beam.PCollection, label: str) -> beam.PCollection:
+    """``pcoll`` in the global window: itself when it is there already (no step added),
+    else re-windowed under ``label``. The partial totals of :class:`StepTotals` are
+    emitted there, so their DoFn must read from there."""
+    if isinstance(pcoll.windowing.windowfn, GlobalWindows):
+        return pcoll
+    return pcoll | label >> beam.WindowInto(GlobalWindows())
 
 
 def per_step(valid: beam.PCollection, combine_fn: beam.CombineFn, step_seconds: float,

@@ -115,7 +115,7 @@ def validation(transform: beam.PTransform) -> Tuple[Schedule, Optional[FrozenSet
 
 
 def raw_steps(transform: beam.PTransform, events: beam.PCollection) -> bool:
-    """True when the release combines the events per (key, step) itself: bounded input
+    """True when the release merges the partial totals per (key, step) itself: bounded input
     released by shards (one grouping per shard, see
     :class:`~dp_beam.transforms.shards.BatchShardReleaseDoFn`)."""
     return bool(events.is_bounded and getattr(transform, "_shards", 0))
@@ -130,8 +130,8 @@ def release_streams(transform: beam.PTransform, events: beam.PCollection,
 
     ``units`` are the ``(key, event time)`` signals of first contributions,
     required with private key selection; ``unit`` names its privacy unit.
-    ``combine_fn``: ``aggregates`` are raw ``(key, (step, value))`` events to be
-    combined by the release (only when :func:`raw_steps`).
+    ``combine_fn``: ``aggregates`` are partial accumulators ``(key, (step, accumulator))``
+    of that fn, merged by the release (only when :func:`raw_steps`).
     """
     schedule = transform._schedule
     bounded = events.is_bounded

@@ -69,10 +69,10 @@ noise by 8 instead (see that test).
 import copy
 import math
 
-import apache_beam as beam
 import numpy as np
 import pytest
 from apache_beam.utils.timestamp import Timestamp
+from apache_beam.utils.windowed_value import WindowedValue
 
 import dp_beam as dpb
 from dp_beam.mechanisms import KeySelection, NoiseSource, SeededNoise, ZeroNoise, get_mechanism
@@ -691,7 +691,8 @@ def _dofn_values(dofn, aggregates, steps, key="A"):
         list(dofn._process(element, buffer, nxt, first, earliest, timer))
     fire = Timestamp(micros=int(round(dofn._spec.window_end(steps - 1) * 1e6)))
     out = list(dofn._fire(key, fire, buffer, mech, nxt, first, earliest, timer))
-    values = [r.value.value for r in out if isinstance(r, beam.window.TimestampedValue)]
+    # Releases leave the DoFn as elements of the global window (WindowedValue).
+    values = [r.value.value for r in out if isinstance(r, WindowedValue)]
     assert len(values) == steps
     return values
 

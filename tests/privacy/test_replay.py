@@ -18,6 +18,7 @@ import pickle
 import apache_beam as beam
 from apache_beam.options.pipeline_options import PipelineOptions
 from apache_beam.utils.timestamp import Timestamp
+from apache_beam.utils.windowed_value import WindowedValue
 
 import dp_beam as dpb
 from dp_beam.mechanisms import SecureNoise, SeededNoise
@@ -47,7 +48,8 @@ def _fire(dofn, state, until_step):
     fire = Timestamp(micros=(until_step + 1) * 10 * 10**6)
     out = list(dofn._fire("A", fire, state["buffer"], state["mech"], state["next"],
                           state["first"], state["earliest"], state["timer"]))
-    return [r.value for r in out if isinstance(r, beam.window.TimestampedValue)]
+    # Releases leave the DoFn as elements of the global window (WindowedValue).
+    return [r.value for r in out if isinstance(r, WindowedValue)]
 
 
 def _retried_step(**kw):

@@ -31,11 +31,14 @@ def _records(out):
     return releases, ledger, invalid
 
 
-def _run_batch(make, keys, steps, shards):
+def _run_batch(make, keys, steps, shards, windowed=False):
     events = _events(keys, steps)
 
     def build(p):
-        res = p | beam.Create(events) | beam.Map(_stamp) | make(shards)
+        stamped = p | beam.Create(events) | beam.Map(_stamp)
+        if windowed:
+            stamped = stamped | beam.WindowInto(beam.window.FixedWindows(HOUR))
+        res = stamped | make(shards)
         return {"releases": res.releases, "accounting": res.accounting, "invalid": res.invalid}
 
     return _records(collect(batch_options(), build))
@@ -185,9 +188,10 @@ def test_timer_free_release_refuses_unbounded_input_and_stray_combine():
                          combine_fn=_SumCount())
 
 
-def test_batch_shard_release_combines_raw_events_like_the_upstream_combine():
-    """The engine of the timer-free path without a pipeline: raw events of one shard, in any
-    order, give the releases of the per-(key, step) aggregates fed in the per-key order."""
+def test_batch_shard_release_merges_partial_totals_like_the_upstream_combine():
+    """The engine of the timer-free path without a pipeline: partial totals of one shard
+    (here one per event, as from bundles of one event each), in any order, give the
+    releases of the per-(key, step) aggregates fed in the per-key order."""
     from dp_beam.transforms.continual import CounterReleaseSpec, _SumCount
     from dp_beam.transforms.release import OrderedReleaseDoFn
     from dp_beam.transforms.schedule import StreamStart
@@ -205,9 +209,23 @@ def test_batch_shard_release_combines_raw_events_like_the_upstream_combine():
         return sorted((r.value.key, r.value.step, r.value.value) for r in out
                       if hasattr(r, "value") and hasattr(r.value, "step"))
 
-    raw = [("b", (2, 1.0)), ("a", (0, 1.0)), ("a", (0, 1.0)), ("b", (0, StreamStart())),
-           ("a", (0, StreamStart())), ("a", (3, 1.0))]
+    one = _SumCount().add_input(_SumCount().create_accumulator(), 1.0)
+    raw = [("b", (2, one)), ("a", (0, one)), ("a", (0, one)), ("b", (0, StreamStart())),
+           ("a", (0, StreamStart())), ("a", (3, one))]
     combined = [("a", (0, StreamStart())), ("b", (0, StreamStart())), ("a", (0, (2.0, 2))),
                 ("a", (3, (1.0, 1))), ("b", (2, (1.0, 1)))]
     got = release(raw, _SumCount())
     assert len(got) == 8 and got == release(combined, None)
+
+
+@pytest.mark.parametrize("make", [_count, _sum], ids=["count", "sum"])
+def test_windowed_batch_input_is_released_once_per_step_by_shards(make):
+    """Input in fixed windows: the sharded path merges its partial totals in the global
+    window, so each (key, step) is released once, as by the per-key path (this used to
+    fail on the FnApiRunner with a window coder mismatch)."""
+    keys, steps = 12, 5
+    per_key = _run_batch(make(keys, steps), keys, steps, 0, windowed=True)
+    sharded = _run_batch(make(keys, steps), keys, steps, 3, windowed=True)
+    assert len(sharded[0]) == keys * steps
+    assert sharded[0] == per_key[0] and sharded[1] == per_key[1]
+    assert sorted(r[:2] for r in sharded[2]) == sorted(r[:2] for r in per_key[2])

@@ -3,10 +3,12 @@ grid of ``FixedWindows(step)``, and ``per_step``'s batch and windowed paths agre
 
 import apache_beam as beam
 import pytest
-from apache_beam.transforms.window import IntervalWindow, TimestampedValue
+from apache_beam.transforms.window import GlobalWindow, IntervalWindow, TimestampedValue
 from apache_beam.utils.timestamp import Timestamp
 
-from dp_beam.transforms.steps import EventStep, KeyByStep, StepEnd, StepOf, per_step
+from dp_beam.transforms import steps
+from dp_beam.transforms.steps import (EventStepTotals, KeyByStep, PrepareStepTotals, StepEnd,
+                                      StepOf, StepTotals, in_global_window, per_step)
 from tests.beam_util import batch_options, collect
 
 STEP = 10.0
@@ -15,10 +17,62 @@ MICROS = 10_000_000
 
 @pytest.mark.parametrize("seconds, step", [(0.0, 0), (9.999999, 0), (10.0, 1), (25.0, 2),
                                            (-0.000001, -1)])
-def test_event_step_and_key_by_step_use_the_epoch_aligned_grid(seconds, step):
+def test_step_totals_and_key_by_step_use_the_epoch_aligned_grid(seconds, step):
     ts = Timestamp(micros=round(seconds * 1e6))
-    assert list(EventStep(MICROS).process(("k", 3.0), ts)) == [("k", (step, 3.0))]
+    totals = EventStepTotals(beam.combiners.CountCombineFn(), MICROS)
+    totals.start_bundle()
+    assert list(totals.process(("k", 3.0), ts)) == []
+    (out,) = totals.finish_bundle()
+    assert out.value == ("k", (step, 1)) and out.timestamp == Timestamp(micros=(step + 1) * MICROS - 1)
+    assert out.windows == (GlobalWindow(),)
     assert list(KeyByStep(MICROS).process(("k", 3.0), ts)) == [(("k", step), 3.0)]
+
+
+def test_step_totals_merge_a_bundle_per_key_and_step_and_flush_when_full(monkeypatch):
+    monkeypatch.setattr(steps, "MAX_BUNDLE_TOTALS", 3)
+    totals = StepTotals(beam.combiners.CountCombineFn(), MICROS)
+    assert totals.add("a", 1, "x") == () and totals.add("a", 2, "y") == ()
+    assert totals.add("b", 1, "z") == ()
+    flushed = totals.add("a", MICROS, "w")      # a third (key, step): the table is emptied
+    assert sorted(wv.value for wv in flushed) == [("a", (0, 2)), ("a", (1, 1)), ("b", (0, 1))]
+    assert totals.flush() == []
+
+
+def test_prepare_step_totals_validates_like_prepare_events():
+    """The fused DoFn rejects what PrepareEvents rejects, with the same reasons, and steps an
+    event by its time in whole microseconds as a re-stamped element would."""
+    from dp_beam.transforms.events import PrepareEvents
+    from dp_beam.transforms.schedule import resolve_schedule
+
+    schedule = resolve_schedule(STEP, 0, 10 * STEP, None)
+    args = dict(value_fn=lambda e: e[2], lower=0.0, upper=5.0, key_fn=lambda e: e[0],
+                timestamp_fn=lambda e: e[1], schedule=schedule, keys=["a", "b"])
+    fused = PrepareStepTotals("t", beam.combiners.CountCombineFn(), MICROS, **args)
+    plain = PrepareEvents("t", **args)
+    fused.start_bundle()
+    events = [("a", 3e-06, 1.0), ("a", 9.999999, 9.0), ("c", 1.0, 1.0), ("b", 120.0, 1.0),
+              ("b", 1.0, "x"), ("b", 10.0, 2.0)]
+    ts = Timestamp(micros=0)
+    for e in events:
+        got, want = list(fused.process(e, ts)), list(plain.process(e, ts))
+        if want and hasattr(want[0], "tag"):
+            assert [g.value.reason for g in got] == [w.value.reason for w in want]
+        else:
+            assert got == []
+    out = sorted(wv.value for wv in fused.finish_bundle())
+    # 3e-06 s is 2.9999999999999996 µs as a float: Timestamp keeps 2 µs, step 0.
+    assert out == [("a", (0, 2)), ("b", (1, 1))]
+    with pytest.raises(ValueError, match="user_fn"):
+        PrepareStepTotals("t", beam.combiners.CountCombineFn(), MICROS, user_fn=lambda e: e)
+
+
+def test_in_global_window_adds_a_step_only_when_needed():
+    with beam.Pipeline(options=batch_options()) as p:
+        events = p | beam.Create([1, 2])
+        assert in_global_window(events, "G") is events
+        windowed = events | beam.WindowInto(beam.window.FixedWindows(10))
+        assert isinstance(in_global_window(windowed, "G").windowing.windowfn,
+                          beam.window.GlobalWindows)
 
 
 def test_step_end_stamps_the_aggregate_at_the_last_microsecond_of_its_step():

@@ -338,6 +338,8 @@ class BinaryTreeMechanism(CounterParameters):
         a float when ``dim == 1``, else a new array of shape ``(dim,)``.
         Exactly one node is created per step, so one noise vector is drawn.
         """
+        if type(x) is float and self._dim == 1:
+            return self._step_scalar(x)
         arr = self._check_x(x)
         t = self._t + 1
         if self._horizon is not None:
@@ -356,6 +358,57 @@ class BinaryTreeMechanism(CounterParameters):
             self._close_epoch(k)
             return self._output(self._roots)
         return self._output(self._roots + self._tree_sum(self._nodes, count))
+
+    def _step_scalar(self, x: float) -> float:
+        """:meth:`step` of a scalar stream on Python floats: the same additions in the same
+        order (IEEE-754 doubles either way, so the same bits), without the small arrays
+        that cost more than the arithmetic. A release DoFn steps every stream once per step."""
+        if not math.isfinite(x):
+            raise ValueError(f"x must be finite, got {x!r}")
+        t = self._t + 1
+        if self._horizon is not None:
+            if t > self._horizon:
+                raise ValueError(f"horizon exceeded: horizon is {self._horizon}, step {t} requested")
+            count, levels = t, self._nodes.shape[0]
+        else:
+            k, count = epoch_of(t)
+            levels = k + 1
+            if count == 1:
+                self._nodes = np.zeros((levels, 1), dtype=np.float64)
+        column = self._nodes[:, 0]        # a view: writing it writes the state
+        values = column.tolist()
+        i = _trailing_zeros(count)
+        exact = x + values[i]
+        for level in range(i + 1, levels):
+            if not (count >> level) & 1:
+                values[level] += x
+        for level in range(i):
+            values[level] = 0.0
+        scale = self._node_scale(levels)
+        if self._source.exact_grid:
+            exact = round_to_grid(exact, scale)
+        values[i] = exact + float(self._draw(scale)[0])
+        column[:] = values
+        self._t = t
+        if self._horizon is None and count == 1 << k:
+            self._close_epoch(k)
+            return float(self._roots[0])
+        total = self._scalar_sum(values, count)
+        return total if self._horizon is not None else float(self._roots[0]) + total
+
+    def _scalar_sum(self, values, count):
+        """``_tree_sum`` of a scalar tree: NumPy adds fewer than 8 rows one by one from 0.0,
+        as here; from 8 on it sums pairwise, so those (rare) sums are left to it."""
+        if bin(count).count("1") >= 8:
+            return float(self._tree_sum(self._nodes, count)[0])
+        total = 0.0
+        level = 0
+        while count:
+            if count & 1:
+                total += values[level]
+            count >>= 1
+            level += 1
+        return total
 
     def _close_epoch(self, k):
         # The epoch's root is its only live node; folding it into the running
