@@ -45,6 +45,7 @@ __all__ = [
 from .counting import (
     MECHANISMS,
     BLTMechanism,
+    CounterConfig,
     HonakerTreeMechanism,
     SmoothBinaryMechanism,
     SqrtToeplitzMechanism,
@@ -55,6 +56,7 @@ from .counting import (
 )
 
 __all__ += [
+    "CounterConfig",
     "HonakerTreeMechanism",
     "SmoothBinaryMechanism",
     "BLTMechanism",

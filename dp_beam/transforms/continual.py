@@ -20,7 +20,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Type
 import apache_beam as beam
 from apache_beam.transforms.window import GlobalWindows
 
-from dp_beam.mechanisms import NoiseSource, ZeroNoise
+from dp_beam.mechanisms import CounterConfig, NoiseSource, ZeroNoise
 from dp_beam.mechanisms.counting.postprocess import MonotoneRelease
 from dp_beam.mechanisms.counting.registry import default_mechanism, get_mechanism
 from dp_beam.mechanisms.noise_key import NoiseKey
@@ -170,13 +170,13 @@ class CounterReleaseSpec(ReleaseSpec):
     """Feeds step totals to one continual-counting mechanism per stream."""
 
     def __init__(self, transform: str, step_seconds: float, mechanism: str,
-                 mechanism_args: Dict[str, Any], ledger_template: LedgerEntry,
+                 config: CounterConfig, ledger_template: LedgerEntry,
                  monotone: bool = False, grid_exponent: Optional[int] = None) -> None:
         self.transform = transform
         self.step_seconds = step_seconds
-        self.horizon = mechanism_args["horizon"]
+        self.horizon = config.horizon
         self._mechanism = mechanism
-        self._args = mechanism_args
+        self._config = config
         self._ledger = ledger_template
         self._monotone = monotone
         self._grid_exponent = grid_exponent
@@ -190,7 +190,7 @@ class CounterReleaseSpec(ReleaseSpec):
         return {**self.__dict__, "_public": {}}
 
     def new_mechanism(self, rng: Any, first: Optional[int] = None) -> Any:
-        mechanism = get_mechanism(self._mechanism)(rng=rng, **self._args)
+        mechanism = get_mechanism(self._mechanism).from_config(self._config, rng=rng)
         return MonotoneRelease(mechanism) if self._monotone else mechanism
 
     def restore(self, state: Dict[str, Any], rng: Any) -> Any:
@@ -294,13 +294,12 @@ class _ContinualTotal(beam.PTransform):
         if self._grid_exponent is not None:
             per_event += math.ldexp(1.0, self._grid_exponent)
         self._sensitivity = per_event * contributions
-        self._mechanism_args = dict(epsilon=epsilon, sensitivity=self._sensitivity,
-                                    horizon=horizon, noise=noise, delta=delta,
-                                    calibration=calibration)
-        # Built once here so that every parameter is validated at construction
-        # (the mechanism raises ValueError naming it) and the cost is known.
-        probe = mechanism_cls(rng=ZeroNoise(), **self._mechanism_args)
-        self._cost = probe.privacy_cost()
+        # Validated here, at construction (ValueError naming the parameter); the probe
+        # adds the mechanism's own checks (offered noise, longest horizon).
+        self._config = CounterConfig(epsilon=epsilon, sensitivity=self._sensitivity,
+                                     horizon=horizon, noise=noise, delta=delta,
+                                     calibration=calibration)
+        self._cost = mechanism_cls.from_config(self._config, rng=ZeroNoise()).privacy_cost()
         self._noise, self._calibration = noise, calibration if noise == "gaussian" else ""
 
     def _per_event_bound(self) -> float:
@@ -372,7 +371,7 @@ class _ContinualTotal(beam.PTransform):
         """The ordered release of the per-step ``aggregates`` (partial totals of
         ``combine_fn`` when it is given)."""
         entry = self.plan_entry(self.label)
-        spec = CounterReleaseSpec(self.label, self._step, self._mechanism, self._mechanism_args,
+        spec = CounterReleaseSpec(self.label, self._step, self._mechanism, self._config,
                                   entry, self._monotone, self._grid_exponent)
         return release_streams(self, events, aggregates, spec, entry, invalids, units=units,
                                unit=self._unit, combine_fn=combine_fn)

@@ -735,7 +735,7 @@ def _counter_spec(transform, steps):
     label = "audit"
     entry = transform.plan_entry(label)
     spec = continual.CounterReleaseSpec(label, transform._step, transform._mechanism,
-                                        transform._mechanism_args, entry)
+                                        transform._config, entry)
     return spec, {"epsilon": entry.epsilon, "delta": entry.delta}
 
 

@@ -37,7 +37,7 @@ def _dofn(**kw):
     transform = dpb.ContinualCount(epsilon=1.0, step=10, start=0, end=100, **kw)
     entry = transform.plan_entry("count")
     spec = continual.CounterReleaseSpec("count", 10.0, transform._mechanism,
-                                        transform._mechanism_args, entry)
+                                        transform._config, entry)
     dofn = OrderedReleaseDoFn(spec, bounded=False, seed=transform._seed, end_step=10,
                               noise_key=transform._noise_key)
     dofn.setup()

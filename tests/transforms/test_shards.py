@@ -178,7 +178,7 @@ def test_timer_free_release_refuses_unbounded_input_and_stray_combine():
     from dp_beam.transforms.shards import BatchShardReleaseDoFn
 
     count = dpb.ContinualCount(epsilon=1.0, step=HOUR, start=0, end=4 * HOUR)
-    spec = CounterReleaseSpec("c", HOUR, count._mechanism, count._mechanism_args,
+    spec = CounterReleaseSpec("c", HOUR, count._mechanism, count._config,
                               count.plan_entry("c"))
     with pytest.raises(ValueError, match="bounded"):
         BatchShardReleaseDoFn(OrderedReleaseDoFn(spec, bounded=False, end_step=4))
@@ -198,7 +198,7 @@ def test_batch_shard_release_merges_partial_totals_like_the_upstream_combine():
     from dp_beam.transforms.shards import BatchShardReleaseDoFn
 
     count = dpb.ContinualCount(epsilon=1.0, step=HOUR, start=0, end=4 * HOUR)
-    spec = CounterReleaseSpec("c", HOUR, count._mechanism, count._mechanism_args,
+    spec = CounterReleaseSpec("c", HOUR, count._mechanism, count._config,
                               count.plan_entry("c"))
 
     def release(elements, combine_fn):

@@ -39,6 +39,7 @@ from .integer_units import dyadic, from_units, round_div_pow2, to_units
 from .intervals import laplace_combination_halfwidth, laplace_release_halfwidth
 from .parameters import (
     NOISE_KINDS,
+    CounterConfig,
     check_calibration,
     check_delta,
     check_dim,
@@ -65,6 +66,7 @@ __all__ = [
     "RIGHT_FACTOR_SLACK",
     "BLTMechanism",
     "BinaryTreeMechanism",
+    "CounterConfig",
     "FactorisationMechanism",
     "HonakerTreeMechanism",
     "MonotoneRelease",

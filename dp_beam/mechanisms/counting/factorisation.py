@@ -32,17 +32,10 @@ from ..noise import gaussian_halfwidth, make_noise
 from ..noise_grid import grid_padded_scale, round_to_grid
 from .intervals import laplace_combination_halfwidth
 from .parameters import (
+    CounterConfig,
     CounterParameters,
-    check_calibration,
-    check_delta,
-    check_dim,
-    check_epsilon,
-    check_horizon,
-    check_noise,
-    check_sensitivity,
     privacy_cost,
     restore_parameters,
-    zcdp_rho,
 )
 
 __all__ = [
@@ -130,15 +123,10 @@ class FactorisationMechanism(CounterParameters):
         calibration: str = "zcdp",
     ) -> None:
         self._last_std = None  # (t, std) of the last noise_std call
-        self._epsilon = check_epsilon(epsilon)
-        self._sensitivity = check_sensitivity(sensitivity)
-        self._horizon = self._check_max_horizon(check_horizon(horizon))
-        self._noise = self._check_offered(check_noise(noise))
-        self._calibration = check_calibration(calibration)
-        self._delta = check_delta(delta, noise)
-        self._dim = check_dim(dim)
-        self._source = make_noise(rng)
-        self._rho = zcdp_rho(noise, calibration, self._epsilon, self._delta)
+        config = CounterConfig(epsilon, sensitivity, horizon, noise, delta, dim, calibration)
+        self._check_max_horizon(config.horizon)
+        self._check_offered(config.noise)
+        self._configure(config, rng)
 
         self._scales = {}
         self._t = 0

@@ -7,6 +7,7 @@ parameters buy, and the common start of ``from_state`` live here so that the
 tree and the factorisation mechanisms cannot drift apart.
 """
 
+import dataclasses
 import math
 import numbers
 from typing import Any, Dict, Optional, Sequence, Tuple
@@ -16,10 +17,11 @@ import numpy as np
 from ...accounting.cost import Cost
 from ..calibration import CALIBRATIONS, gaussian_sigma, rho_from_eps, rho_from_eps_delta
 from ..checks import check_step_index
-from ..noise import NoiseSource
+from ..noise import NoiseSource, make_noise
 
 __all__ = [
     "NOISE_KINDS",
+    "CounterConfig",
     "CounterParameters",
     "check_calibration",
     "check_delta",
@@ -156,6 +158,63 @@ def privacy_cost(epsilon: float, delta: Optional[float], rho: float) -> Cost:
     return Cost.gaussian(rho, delta, epsilon=epsilon)
 
 
+@dataclasses.dataclass(frozen=True)
+class CounterConfig:
+    """The public parameters of a continual counter, validated once (C-4, C-5).
+
+    Every counter of this package is built from one (its keyword constructor
+    makes it), and so is every stream of ``dpb.ContinualCount`` and
+    ``dpb.ContinualSum``: the transform validates its parameters here at
+    construction and its release builds each stream's mechanism with
+    ``from_config``. Fields hold the checked values (floats, an int horizon,
+    ``delta`` None for Laplace noise); a bad one raises ``ValueError`` naming
+    it. The fields are, in order, the parameter part of every counter's
+    ``to_state``.
+
+    >>> c = CounterConfig(epsilon=1, horizon=8, delta=0)
+    >>> c.epsilon, c.delta, c.rho, dict(c.cost())
+    (1.0, None, 0.5, {'epsilon': 1.0, 'delta': 0.0, 'rho': 0.5})
+    >>> CounterConfig(epsilon=1.0, noise="gaussian")
+    Traceback (most recent call last):
+    ...
+    ValueError: delta must be a number in (0, 1) for Gaussian noise, got None
+    """
+
+    epsilon: float
+    sensitivity: float = 1.0
+    horizon: Optional[int] = None
+    noise: str = "laplace"
+    delta: Optional[float] = None
+    dim: int = 1
+    calibration: str = "zcdp"
+
+    def __post_init__(self) -> None:
+        checked = {
+            "epsilon": check_epsilon(self.epsilon),
+            "sensitivity": check_sensitivity(self.sensitivity),
+            "horizon": check_horizon(self.horizon),
+            "noise": check_noise(self.noise),
+            "calibration": check_calibration(self.calibration),
+        }
+        checked["delta"] = check_delta(self.delta, checked["noise"])
+        checked["dim"] = check_dim(self.dim)
+        for name, value in checked.items():
+            object.__setattr__(self, name, value)
+
+    @property
+    def rho(self) -> float:
+        """ρ such that the whole output sequence is ρ-zCDP (:func:`zcdp_rho`)."""
+        return zcdp_rho(self.noise, self.calibration, self.epsilon, self.delta)
+
+    def cost(self) -> Cost:
+        """The counter's privacy cost (:func:`privacy_cost`)."""
+        return privacy_cost(self.epsilon, self.delta, self.rho)
+
+    def to_dict(self) -> Dict[str, Any]:
+        """The fields by name, in order: the constructor keywords of every counter."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+
+
 def restore_parameters(cls: type, state: Any, rng: Any, fields: Sequence[str]) -> Tuple[Any, int, list]:
     """The common start of a continual mechanism's ``from_state``.
 
@@ -171,16 +230,7 @@ def restore_parameters(cls: type, state: Any, rng: Any, fields: Sequence[str]) -
     if state.get("version") != cls.STATE_VERSION:
         raise ValueError(f"unsupported state version {state.get('version')!r}, expected {cls.STATE_VERSION}")
     try:
-        mech = cls(
-            epsilon=state["epsilon"],
-            sensitivity=state["sensitivity"],
-            horizon=state["horizon"],
-            noise=state["noise"],
-            delta=state["delta"],
-            dim=state["dim"],
-            rng=rng,
-            calibration=state["calibration"],
-        )
+        mech = cls(rng=rng, **{f.name: state[f.name] for f in dataclasses.fields(CounterConfig)})
         t = state["t"]
         values = [state[name] for name in fields]
     except KeyError as err:
@@ -194,10 +244,35 @@ class CounterParameters:
     """The validated public parameters every continual counter exposes, and its input checks.
 
     :class:`~.tree.BinaryTreeMechanism` and
-    :class:`~.factorisation.FactorisationMechanism` set the attributes in
-    their constructors; the accessors and the step and input checks (with
-    the same error messages for every counter) are written once here.
+    :class:`~.factorisation.FactorisationMechanism` set them from a
+    :class:`CounterConfig` in their constructors (:meth:`_configure`); the
+    accessors and the step and input checks (with the same error messages
+    for every counter) are written once here.
     """
+
+    def _configure(self, config: CounterConfig, rng: Any) -> None:
+        """Takes the parameters of ``config`` and the noise source ``rng``."""
+        self._config = config
+        self._epsilon = config.epsilon
+        self._sensitivity = config.sensitivity
+        self._horizon = config.horizon
+        self._noise = config.noise
+        self._calibration = config.calibration
+        self._delta = config.delta
+        self._dim = config.dim
+        self._source = make_noise(rng)
+        self._rho = config.rho
+
+    @classmethod
+    def from_config(cls, config: CounterConfig, rng: Any = None) -> "CounterParameters":
+        """A new mechanism with the parameters of ``config``; ``rng`` as the constructor's."""
+        if not isinstance(config, CounterConfig):
+            raise ValueError(f"config must be a CounterConfig, got {type(config).__name__}")
+        return cls(rng=rng, **config.to_dict())
+
+    @property
+    def config(self) -> CounterConfig:
+        return self._config
 
     def _check_t(self, t):
         t = check_step_index(t)
@@ -256,18 +331,8 @@ class CounterParameters:
     def _parameter_state(self) -> Dict[str, Any]:
         """The leading fields of every counter's ``to_state``: its name, state version and
         public parameters, and the steps consumed."""
-        return {
-            "mechanism": self.name,
-            "version": self.STATE_VERSION,
-            "epsilon": self._epsilon,
-            "sensitivity": self._sensitivity,
-            "horizon": self._horizon,
-            "noise": self._noise,
-            "delta": self._delta,
-            "dim": self._dim,
-            "calibration": self._calibration,
-            "t": self._t,
-        }
+        return {"mechanism": self.name, "version": self.STATE_VERSION, **self._config.to_dict(),
+                "t": self._t}
 
     def _output(self, value: np.ndarray) -> Any:
         """A release: a float for a scalar stream, else a fresh array (callers may keep it)."""

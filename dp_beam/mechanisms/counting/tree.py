@@ -20,18 +20,11 @@ from ..noise_grid import grid_padded_scale, round_to_grid
 from .doubling import epoch_of, epoch_steps, release_intervals, release_levels
 from .intervals import laplace_release_halfwidth
 from .parameters import (
+    CounterConfig,
     CounterParameters,
     NOISE_KINDS,
-    check_calibration,
-    check_delta,
-    check_dim,
-    check_epsilon,
-    check_horizon,
-    check_noise,
-    check_sensitivity,
     privacy_cost,
     restore_parameters,
-    zcdp_rho,
 )
 
 __all__ = ["BinaryTreeMechanism", "NOISE_KINDS"]
@@ -171,15 +164,8 @@ class BinaryTreeMechanism(CounterParameters):
         rng: Any = None,
         calibration: str = "zcdp",
     ) -> None:
-        self._epsilon = check_epsilon(epsilon)
-        self._sensitivity = check_sensitivity(sensitivity)
-        self._horizon = check_horizon(horizon)
-        self._noise = check_noise(noise)
-        self._calibration = check_calibration(calibration)
-        self._delta = check_delta(delta, noise)
-        self._dim = check_dim(dim)
-        self._source = make_noise(rng)
-        self._rho = zcdp_rho(noise, calibration, self._epsilon, self._delta)
+        self._configure(CounterConfig(epsilon, sensitivity, horizon, noise, delta, dim,
+                                      calibration), rng)
 
         self._scales = {}
         self._last_scales = None  # (t, scales) of the last noise_scales call
