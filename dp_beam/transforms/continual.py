@@ -324,6 +324,9 @@ class _ContinualTotal(beam.PTransform):
 
     def expand(self, events):
         label = self.label
+        # The schedule decides the steps, not the input's windows; in the global window
+        # from here on, every output (releases, ledger, dead letters) is in one windowing.
+        events = in_global_window(events, "EventWindow")
         schedule, declared, side = validation(self)
         step_total = _SumCount() if self._value_fn is not None else _CountSteps()
         selecting = private_keys(self)
@@ -335,7 +338,7 @@ class _ContinualTotal(beam.PTransform):
         # partial totals per (key, step) there, which saves a combine's own grouping.
         lifted = raw_steps(self, events) and self._fanout is None
         if lifted and self._unit == "event" and selecting is None:
-            prepared = (in_global_window(events, "EventWindow")
+            prepared = (events
                         | "Validate" >> beam.ParDo(PrepareStepTotals(
                             label, step_total, self._step_micros, **prepare), **side)
                         .with_outputs(INVALID, main="valid"))
@@ -359,9 +362,8 @@ class _ContinualTotal(beam.PTransform):
         elif selecting is not None:
             units = valid | "EventUnits" >> beam.ParDo(EventUnits())
         if lifted:
-            aggregates = (in_global_window(valid, "StepWindow")
-                          | "StepTotals" >> beam.ParDo(EventStepTotals(step_total,
-                                                                       self._step_micros)))
+            aggregates = valid | "StepTotals" >> beam.ParDo(EventStepTotals(step_total,
+                                                                            self._step_micros))
             return self._release(events, aggregates, invalids, units, step_total)
         aggregates = per_step(valid, step_total, self._step, self._step_micros,
                               events.is_bounded, self._fanout)

@@ -85,7 +85,7 @@ from dp_beam.transforms.mean_aggregates import (MedianStoreInLog, MergeAggregate
 from dp_beam.transforms.mean_users import (PrepareMeanEvents, WithholdRelease,
                                            WithholdReleaseBatch)
 from dp_beam.transforms.release_spec import ReleaseSpec
-from dp_beam.transforms.steps import StepEnd, StepOf
+from dp_beam.transforms.steps import StepEnd, StepOf, in_global_window
 from dp_beam.transforms.streams import (private_keys, release_streams, set_release_options,
                                         validation)
 
@@ -465,6 +465,9 @@ class ContinualMean(beam.PTransform):
 
     def expand(self, events):
         label = self.label
+        # The schedule decides the steps, not the input's windows (and every output
+        # must share one windowing to be flattened): the global window from here on.
+        events = in_global_window(events, "EventWindow")
         schedule, declared, side = validation(self)
         prepared = events | "Validate" >> beam.ParDo(PrepareMeanEvents(
             label, self._value_fn, self._user_fn, self._key_fn, self._timestamp_fn,

@@ -226,8 +226,9 @@ class _FanoutCombinePerKey(beam.PTransform):
 
 def in_global_window(pcoll: beam.PCollection, label: str) -> beam.PCollection:
     """``pcoll`` in the global window: itself when it is there already (no step added),
-    else re-windowed under ``label``. The partial totals of :class:`StepTotals` are
-    emitted there, so their DoFn must read from there."""
+    else re-windowed under ``label``. A continual transform's schedule decides its steps,
+    so it takes its input there; the partial totals of :class:`StepTotals`, for one, are
+    emitted there, and every output must share one windowing to be flattened."""
     if isinstance(pcoll.windowing.windowfn, GlobalWindows):
         return pcoll
     return pcoll | label >> beam.WindowInto(GlobalWindows())

@@ -413,3 +413,39 @@ def test_count_step_totals_are_the_event_counts():
     acc = fn.merge_accumulators([fn.add_inputs(fn.create_accumulator(), [1.0] * 3),
                                  fn.add_input(fn.create_accumulator(), 1.0)])
     assert fn.extract_output(acc) == (4.0, 4)
+
+
+_WINDOWED_EVENTS = [(f"k{k}", s * 3600.0 + 60.0 * j, float(j % 3), f"u{(k + j) % 5}")
+                    for k in range(4) for s in range(3) for j in range(3)] + [("k0", 1e9, 1.0, "u0")]
+
+
+def _windowed_run(make, windowed):
+    def build(p):
+        events = (p | beam.Create(_WINDOWED_EVENTS)
+                  | beam.Map(lambda e: beam.window.TimestampedValue(e, e[1])))
+        if windowed:
+            events = events | beam.WindowInto(beam.window.FixedWindows(3600.0))
+        res = events | make()
+        return {"releases": res.releases, "invalid": res.invalid}
+
+    out = collect(batch_options(), build)
+    return (sorted((r.key, r.step, r.value) for r in out["releases"]),
+            sorted(i.reason for i in out["invalid"]))
+
+
+@pytest.mark.parametrize("shards", [0, 2])
+@pytest.mark.parametrize("unit", ["event", "user"])
+def test_input_in_fixed_windows_releases_what_global_input_releases(unit, shards):
+    """The schedule decides the steps, not the input's windows: windowed input gives the
+    same releases and dead letters (it used to crash the FnApiRunner with the user unit,
+    whose dead letters were flattened across two windowings)."""
+    user = dict(privacy_unit="user", user_fn=lambda e: e[3], max_contributions=4) if unit == "user" else {}
+
+    def make():
+        return dpb.ContinualSum(value_fn=lambda e: e[2], lower=0.0, upper=2.0, epsilon=1.0,
+                                step=3600.0, start=0, end=3 * 3600.0, key_fn=lambda e: e[0],
+                                keys=["k0", "k1", "k2", "k3"], rng=3, shards=shards, **user)
+
+    plain, windowed = _windowed_run(make, False), _windowed_run(make, True)
+    assert len(plain[0]) == 12 and plain[1]
+    assert windowed == plain

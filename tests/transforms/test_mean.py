@@ -737,3 +737,27 @@ def test_explicit_config_keywords_build_the_same_params_as_the_defaults():
     given = {f.name: f.default for f in dataclasses.fields(MeanConfig)
              if f.default is not dataclasses.MISSING and f.name != "dim"}
     assert dpb.ContinualMean(**base).params.config == dpb.ContinualMean(**base, **given).params.config
+
+
+def test_input_in_fixed_windows_releases_what_global_input_releases():
+    """The schedule decides the steps, not the input's windows (windowed input used to crash
+    the FnApiRunner: dead letters were flattened across two windowings)."""
+    events = [(f"k{k}", s * 3600.0 + 60.0 * j, float(j % 3), f"u{(k + j) % 5}")
+              for k in range(3) for s in range(3) for j in range(3)]
+
+    def run(windowed):
+        def build(p):
+            pcoll = (p | beam.Create(events)
+                     | beam.Map(lambda e: beam.window.TimestampedValue(e, e[1])))
+            if windowed:
+                pcoll = pcoll | beam.WindowInto(beam.window.FixedWindows(3600.0))
+            res = pcoll | dpb.ContinualMean(
+                user_fn=lambda e: e[3], value_fn=lambda e: e[2], lower=0.0, upper=2.0,
+                max_samples_per_user=9, epsilon=1.0, step=3600.0, start=0, end=3 * 3600.0,
+                key_fn=lambda e: e[0], keys=["k0", "k1", "k2"], max_users=50, rng=3)
+            return {"releases": res.releases}
+
+        return sorted((r.key, r.step, repr(r.value)) for r in collect(batch_options(), build)["releases"])
+
+    plain = run(False)
+    assert len(plain) == 9 and run(True) == plain
