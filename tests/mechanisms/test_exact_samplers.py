@@ -10,7 +10,9 @@ interval of confidence 1 − 1e-6.
 """
 
 
+import hashlib
 import math
+import random
 from fractions import Fraction
 
 import numpy as np
@@ -19,11 +21,15 @@ from scipy import stats
 
 from dp_beam.mechanisms.exact_samplers import (
     BitStream,
+    bernoulli_exp,
+    discrete_gaussian,
+    discrete_laplace,
     sample_bernoulli_exp,
     sample_discrete_gaussian,
     sample_discrete_laplace,
 )
-from dp_beam.mechanisms.noise_key import NoiseKey
+from dp_beam.mechanisms.noise_grid import integer_ratio
+from dp_beam.mechanisms.noise_key import KeyedNoise, NoiseKey, encode_identity
 
 
 KEY_BYTES = bytes(range(32))
@@ -126,3 +132,182 @@ def test_samplers_validate_their_parameter():
 
 def test_bit_stream_is_exported_type():
     assert isinstance(KEY.stream("x"), BitStream)
+
+
+# -- frozen reference: the same values from the same bits ---------------------------
+#
+# A copy of the samplers as first written (a plain bit pool, one BLAKE2b block
+# per refill, one method call per read). The production code may read the
+# stream faster, but it must return the same values and consume exactly the
+# same bits, so every later draw on a stream (and every release under a fixed
+# key) is unchanged. Only the reference depends on nothing in the package but
+# the identity encoding.
+
+
+class _RefBits:
+    def __init__(self, key_bytes, *identity):
+        self._prefix = encode_identity(identity)
+        self._key = key_bytes
+        self._block = 0
+        self._pool = 0
+        self._available = 0
+
+    def randbits(self, k):
+        while self._available < k:
+            digest = hashlib.blake2b(self._prefix + self._block.to_bytes(8, "big"), key=self._key,
+                                     digest_size=64, person=b"dp_beam.noise.v1").digest()
+            self._block += 1
+            self._pool = (self._pool << 512) | int.from_bytes(digest, "big")
+            self._available += 512
+        self._available -= k
+        value = self._pool >> self._available
+        self._pool &= (1 << self._available) - 1
+        return value
+
+    def randbelow(self, n):
+        k = (n - 1).bit_length()
+        while True:
+            value = self.randbits(k)
+            if value < n:
+                return value
+
+
+def _ref_bernoulli_exp_at_most_one(bits, num, den):
+    k = 1
+    while bits.randbelow(den * k) < num:
+        k += 1
+    return k & 1 == 1
+
+
+def _ref_bernoulli_exp(bits, num, den):
+    whole, num = divmod(num, den)
+    for _ in range(whole):
+        if not _ref_bernoulli_exp_at_most_one(bits, 1, 1):
+            return False
+    return _ref_bernoulli_exp_at_most_one(bits, num, den)
+
+
+def _ref_discrete_laplace(bits, t, s):
+    while True:
+        u = bits.randbelow(t)
+        if not _ref_bernoulli_exp_at_most_one(bits, u, t):
+            continue
+        v = 0
+        while _ref_bernoulli_exp_at_most_one(bits, 1, 1):
+            v += 1
+        y = (u + t * v) // s
+        negative = bits.randbits(1)
+        if negative and y == 0:
+            continue
+        return -y if negative else y
+
+
+def _ref_discrete_gaussian(bits, p, q):
+    t = math.isqrt(p // q) + 1
+    den = 2 * p * q * t * t
+    qt = q * t
+    while True:
+        y = _ref_discrete_laplace(bits, t, 1)
+        diff = abs(y) * qt - p
+        if _ref_bernoulli_exp(bits, diff * diff, den):
+            return y
+
+
+def _ref_grid(scale, power):
+    # k = floor(log2 scale) − 30 and the exact ratio (scale/2^k)^power.
+    k = math.frexp(scale)[1] - 1 - 30
+    ratio = (Fraction(scale) / Fraction(2) ** k) ** power
+    return k, ratio.numerator, ratio.denominator
+
+
+def _same_draws(sampler, reference, args, identity, n=2000):
+    stream, bits = KEY.stream(*identity), _RefBits(KEY_BYTES, *identity)
+    got = [sampler(stream, *args) for _ in range(n)]
+    want = [reference(bits, *args) for _ in range(n)]
+    assert got == want
+    # The same bits were consumed: the stream continues identically.
+    assert stream.randbits(64) == bits.randbits(64)
+    assert stream.randbits(700) == bits.randbits(700)
+
+
+_LAPLACE_SCALES = [(1, 1), (1, 2), (7, 3), (3, 7), (10, 1), (1, 1000),
+                   (2**31 - 1, 3), (2**40 + 12345, 1), (2**33 + 1, 2**20 + 7),
+                   _ref_grid(7.2, 1)[1:], _ref_grid(0.1, 1)[1:], _ref_grid(1000.0, 1)[1:]]
+
+
+@pytest.mark.parametrize("t, s", _LAPLACE_SCALES)
+def test_discrete_laplace_matches_the_frozen_reference(t, s):
+    _same_draws(discrete_laplace, _ref_discrete_laplace, (t, s), ("ref-dlap", t, s))
+
+
+_GAUSSIAN_SCALES = [(1, 4), (1, 1), (5, 2), (49, 4), (100, 1), (7, 1000),
+                    _ref_grid(3.1, 2)[1:], _ref_grid(0.37, 2)[1:],
+                    integer_ratio(1.5, -60, 2), integer_ratio(0.3, -30, 2)]
+
+
+@pytest.mark.parametrize("p, q", _GAUSSIAN_SCALES)
+def test_discrete_gaussian_matches_the_frozen_reference(p, q):
+    _same_draws(discrete_gaussian, _ref_discrete_gaussian, (p, q), ("ref-dgauss", p, q))
+
+
+@pytest.mark.parametrize("num, den", [(0, 1), (1, 3), (1, 1), (5, 2), (7, 1), (22, 7),
+                                      (10**6 + 1, 10**5), (3 * 2**61 + 5, 2**60)])
+def test_bernoulli_exp_matches_the_frozen_reference(num, den):
+    _same_draws(bernoulli_exp, _ref_bernoulli_exp, (num, den), ("ref-bern", num, den), n=3000)
+
+
+def test_bit_stream_reads_match_the_frozen_reference():
+    stream, bits = KEY.stream("ref-bits"), _RefBits(KEY_BYTES, "ref-bits")
+    rng = random.Random(0)
+    for i in range(4000):
+        op = i % 4
+        if op == 0:
+            k = rng.randrange(1200)
+            assert stream.randbits(k) == bits.randbits(k)
+        elif op == 1:
+            n = rng.randrange(1, 2 ** rng.randrange(1, 200))
+            assert stream.randbelow(n) == bits.randbelow(n)
+        elif op == 2:
+            assert stream.randbelow(1) == bits.randbelow(1) == 0
+        else:
+            n = rng.randrange(70)
+            assert stream.randbytes(n) == bits.randbits(8 * n).to_bytes(n, "big")
+    assert stream.randbits(64) == bits.randbits(64)
+
+
+def _keyed_reference(identity, call, reference, args, size):
+    bits = _RefBits(KEY_BYTES, *identity, call)
+    return [reference(bits, *args) for _ in range(size)]
+
+
+@pytest.mark.parametrize("scale", [7.2, 1.0, 0.1, 1000.0, 3.7e-5])
+def test_keyed_laplace_matches_the_frozen_reference(scale):
+    source = KeyedNoise(KEY, ("ref-keyed", "laplace", scale))
+    k, t, s = _ref_grid(scale, 1)
+    for call, size in enumerate([1, 1, 1000, 1, 1000]):
+        want = [math.ldexp(float(z), k)
+                for z in _keyed_reference(source.identity, call, _ref_discrete_laplace, (t, s), size)]
+        assert source.laplace(scale, size).tolist() == want
+
+
+@pytest.mark.parametrize("sigma", [3.1, 1.0, 0.37, 2500.0])
+def test_keyed_gaussian_matches_the_frozen_reference(sigma):
+    source = KeyedNoise(KEY, ("ref-keyed", "gaussian", sigma))
+    k, p, q = _ref_grid(sigma, 2)
+    for call, size in enumerate([1, 1, 1000, 1, 1000]):
+        want = [math.ldexp(float(z), k)
+                for z in _keyed_reference(source.identity, call, _ref_discrete_gaussian, (p, q), size)]
+        assert source.gaussian(sigma, size).tolist() == want
+
+
+@pytest.mark.parametrize("kind, scale, exponent", [("gaussian", 1.5, -60), ("gaussian", 0.3, -30),
+                                                   ("laplace", 1.5, -60), ("laplace", 7.2, -40)])
+def test_keyed_integer_noise_matches_the_frozen_reference(kind, scale, exponent):
+    source = KeyedNoise(KEY, ("ref-keyed", kind, scale, exponent))
+    power = 1 if kind == "laplace" else 2
+    ratio = (Fraction(scale) / Fraction(2) ** exponent) ** power
+    reference = _ref_discrete_laplace if kind == "laplace" else _ref_discrete_gaussian
+    for call in range(30):
+        want = _keyed_reference(source.identity, call, reference,
+                                (ratio.numerator, ratio.denominator), 77)
+        assert source.integer_noise(kind, scale, exponent, 77) == want

@@ -190,6 +190,17 @@ def test_keyed_noise_uses_one_stream_per_call():
     assert source.draws == 4
 
 
+@pytest.mark.parametrize("draws", [0, 127, 128, 255, 256, 32767, 32768, 2**31, 2**63 + 5])
+def test_keyed_noise_call_n_reads_the_stream_of_identity_plus_n(draws):
+    # The counter label is encoded inline; its length grows at these boundaries.
+    source = KeyedNoise.__new__(KeyedNoise)
+    source.__setstate__({"noise_key": KEY, "identity": ("t", "counter"), "draws": draws})
+    stream = KEY.stream("t", "counter", draws)
+    expected = [grid_laplace(stream, 1.5) for _ in range(3)]
+    np.testing.assert_array_equal(source.laplace(1.5, 3), expected)
+    assert source.draws == draws + 1
+
+
 def test_keyed_noise_survives_pickling_mid_stream():
     source = KeyedNoise(KEY, ("t", "pickle"))
     source.laplace(1.0, 2)
