@@ -21,6 +21,7 @@ The privacy argument is ``docs/privacy/counting.md``, C-8, C-9 and C-12.
 
 import functools
 import math
+import operator
 import warnings
 from typing import Any, Dict, Optional, Sequence, Tuple
 
@@ -28,7 +29,7 @@ import numpy as np
 from scipy import optimize
 
 from .factorisation import FactorisationMechanism
-from .integer_units import dyadic, from_units, round_div_pow2, to_units
+from .integer_units import Lanes, dyadic, from_units, to_units
 from .participation import toeplitz_participation_norm
 
 __all__ = ["BLTMechanism", "blt_errors", "optimise_blt", "blt_parameters"]
@@ -73,6 +74,14 @@ class _Closed:
         self.coef = np.concatenate([[1.0 - beta.sum()], beta])
         self.base = np.concatenate([[1.0], lam])
         self._b_sq = {}  # n → b_sq(n), shared by every stream of this plan
+        # What _geometric(outer(base, base), n) computes before it uses n: every
+        # step asks for a new n, and these are the same for all of them.
+        q = np.outer(self.base, self.base).astype(np.complex128)
+        self._far = np.abs(1.0 - q) > 1e-13
+        with np.errstate(divide="ignore", invalid="ignore"):
+            self._log_far = np.log(q[self._far])
+        self._gap_far = 1.0 - q[self._far]
+        self._coef_sq = np.outer(self.coef, self.coef)
 
     def c_sq(self, n):
         if n <= 0:
@@ -86,8 +95,11 @@ class _Closed:
         cache = self._b_sq
         value = cache.get(n)
         if value is None:
-            value = float(np.real(np.sum(np.outer(self.coef, self.coef)
-                                         * _geometric(np.outer(self.base, self.base), n))))
+            # _geometric(outer(base, base), n) with its n-free part computed once.
+            sums = np.full(self._far.shape, float(n), dtype=np.complex128)
+            with np.errstate(divide="ignore", invalid="ignore"):
+                sums[self._far] = -np.expm1(n * self._log_far) / self._gap_far if n > 0 else 0.0
+            value = float(np.real(np.sum(self._coef_sq * sums)))
             if len(cache) >= _B_SQ_CACHE:
                 cache.clear()
             cache[n] = value
@@ -215,6 +227,63 @@ def _plan_cached(horizon, theta, omega):
     return _Plan(horizon, theta, omega)
 
 
+#: Spare bits of a packed lane: the buffers may grow 2^32-fold before they are repacked wider.
+_SPARE_BITS = 32
+
+
+def _round_all(values, bits):
+    """:func:`~.integer_units.round_div_pow2` of every value (ties to even)."""
+    if bits <= 0:
+        return [v << -bits for v in values]
+    half = (1 << (bits - 1)) - 1
+    return [(v + half + ((v >> bits) & 1)) >> bits for v in values]
+
+
+def _packable(plan):
+    """Whether :class:`_Packing` applies: its lanes need ω >= 0 and fractional units (the
+    tabulated plans; about twice as fast as lists from dim 1 on)."""
+    return plan.omega_bits > 0 and plan.theta_bits > 0 and all(w >= 0 for w in plan.omega_num)
+
+
+class _Packing:
+    """The d integer buffers of a plan, each packed into one int (:class:`Lanes`).
+
+    Lane j of a buffer holds ``v + 2^bits`` for the buffer's value v, with
+    ``|v| < 2^bits``; the lanes are wide enough for ``Σ_i ω_i (v_i + 2^bits)``
+    and ``θ_i (v_i + 2^bits)`` in units of ``2^-omega_bits`` and
+    ``2^-theta_bits``. The offset is an even multiple of both units
+    (``bits > max(omega_bits, theta_bits)``), so rounding a lane (ties to even)
+    rounds v and shifts the result by the offset's exact image: every lane
+    follows the list recurrence of :meth:`BLTMechanism._list_step` bit for bit.
+    """
+
+    def __init__(self, plan, dim, bits):
+        bits = max(bits, plan.omega_bits + 1, plan.theta_bits + 1)
+        self.bits, self.offset = bits, 1 << bits
+        total_omega = sum(plan.omega_num)
+        width = max(total_omega.bit_length(), plan.theta_bits + 1) + bits + 2
+        self.lanes = lanes = Lanes(dim, -(-width // 8) * 8)
+        self._rep_offset = lanes.rep(self.offset)
+        #: Σ ω_i·2^bits in units of 2^-omega_bits: what a rounded ω-lane carries.
+        self.omega_offset = (total_omega << bits) >> plan.omega_bits
+        # Added to a rounded θ_i-lane (offset θ_i·2^bits) and to units packed with
+        # offset 2^(width−1): leaves the offset 2^bits.
+        self.addends = [lanes.rep(self.offset - ((th << bits) >> plan.theta_bits)) - lanes.half
+                        for th in plan.theta_num]
+
+    def pack(self, values):
+        return self.lanes.pack_signed(values) + self._rep_offset
+
+    def unpack(self, packed):
+        offset = self.offset
+        return [v - offset for v in self.lanes.unpack(packed)]
+
+
+@functools.lru_cache(maxsize=256)
+def _packing(plan, dim, bits):
+    return _Packing(plan, dim, bits)
+
+
 class BLTMechanism(FactorisationMechanism):
     """Prefix sums with BLT-correlated Gaussian noise (Dvijotham et al. 2024).
 
@@ -238,7 +307,10 @@ class BLTMechanism(FactorisationMechanism):
     Gaussian mechanism is exactly what runs; ``C⁻¹`` and the running sum are
     its post-processing, done in floats. Adding float noise to the exact sum
     instead would let the low-order bits of the release depend on the data.
-    The integer rounding costs a relative ``2^-20`` of sensitivity.
+    The integer rounding costs a relative ``2^-20`` of sensitivity. Each
+    integer buffer is kept packed in one int (``_Packing``), so a step costs a
+    few big-int operations per buffer rather than a few per coordinate, with
+    the same bits.
 
     State: d integer buffers of the data side, d float buffers of the
     post-processing and the running release, ``(2d + 1)·dim`` numbers (at
@@ -288,11 +360,56 @@ class BLTMechanism(FactorisationMechanism):
         return plan.closed.b_sq(t)
 
     def _core_new(self, plan):
-        return {
-            "right": [[0] * self._dim for _ in range(plan.buffers)],
-            "buffers": np.zeros((plan.buffers, self._dim)),
-            "total": np.zeros(self._dim),
-        }
+        core = {"buffers": np.zeros((plan.buffers, self._dim)), "total": np.zeros(self._dim)}
+        self._set_right(plan, core, [[0] * self._dim for _ in range(plan.buffers)])
+        return core
+
+    def _set_right(self, plan, core, right):
+        """Store the integer buffers (lists of ints) in the core, packed when the plan allows."""
+        if not _packable(plan):
+            core["right"] = right
+            return
+        bound = max((abs(v) for buf in right for v in buf), default=0)
+        packing = _packing(plan, self._dim, bound.bit_length() + _SPARE_BITS)
+        core.update(packing=packing, packed=[packing.pack(buf) for buf in right], bound=bound)
+
+    @staticmethod
+    def _right(core):
+        """The integer buffers as lists of ints."""
+        if "right" in core:
+            return core["right"]
+        return [core["packing"].unpack(buf) for buf in core["packed"]]
+
+    @staticmethod
+    def _list_step(plan, right, units, noise):
+        """One step of the integer buffers kept as lists: ``(C x)_t + z_t``."""
+        acc = [0] * len(units)
+        for w, buf in zip(plan.omega_num, right):
+            acc = [a + w * v for a, v in zip(acc, buf)]
+        noised = [u + a + z for u, a, z in zip(units, _round_all(acc, plan.omega_bits), noise)]
+        for th, buf in zip(plan.theta_num, right):
+            buf[:] = [r + u for r, u in zip(_round_all([th * v for v in buf], plan.theta_bits), units)]
+        return noised
+
+    def _packed_step(self, plan, core, units, noise):
+        """:meth:`_list_step` on packed buffers: a few big-int operations per buffer."""
+        # |round(θv) + u| <= |v| + |u| (θ <= 1): a bound on every new buffer value.
+        bound = core["bound"] + max(map(abs, units))
+        if bound >= core["packing"].offset:  # repack wider (rare: 2^32-fold growth)
+            right = self._right(core)
+            core["packing"] = _packing(plan, self._dim, bound.bit_length() + _SPARE_BITS)
+            core["packed"] = [core["packing"].pack(buf) for buf in right]
+        packing, buffers = core["packing"], core["packed"]
+        lanes = packing.lanes
+        acc = lanes.unpack(lanes.round_shift(sum(map(operator.mul, plan.omega_num, buffers)), plan.omega_bits))
+        shift = packing.omega_offset
+        noised = [u + a - shift + z for u, a, z in zip(units, acc, noise)]
+        packed_units = lanes.pack_offset(units)
+        tb = plan.theta_bits
+        core["packed"] = [lanes.round_shift(th * buf, tb) + packed_units + addend
+                          for th, buf, addend in zip(plan.theta_num, buffers, packing.addends)]
+        core["bound"] = bound
+        return noised
 
     def _core_step(self, plan, core, x, scale):
         # The noised vector y = C x + z, in integer units of 2^e (see
@@ -301,13 +418,10 @@ class BLTMechanism(FactorisationMechanism):
         exponent = self._exact_exponent(plan)
         units = to_units(x, exponent)
         noise = self._integer_noise(scale, exponent)
-        right = core["right"]
-        noised = []
-        for j in range(self._dim):
-            acc = sum(w * buf[j] for w, buf in zip(plan.omega_num, right))
-            noised.append(units[j] + round_div_pow2(acc, plan.omega_bits) + noise[j])
-            for th, buf in zip(plan.theta_num, right):
-                buf[j] = round_div_pow2(th * buf[j], plan.theta_bits) + units[j]
+        if "right" in core:
+            noised = self._list_step(plan, core["right"], units, noise)
+        else:
+            noised = self._packed_step(plan, core, units, noise)
         # Post-processing of y: u = C⁻¹ y (u_t = y_t − ω·b'_{t−1}, b'_t = θ b'_{t−1} + u_t),
         # whose running sum is the release A C⁻¹ y ≈ A x + A C⁻¹ z.
         y = from_units(noised, exponent)
@@ -322,12 +436,13 @@ class BLTMechanism(FactorisationMechanism):
 
     @staticmethod
     def _core_floats(core):
-        return len(core["right"]) * len(core["right"][0]) + core["buffers"].size + core["total"].size
+        # The integer buffers have the shape of the float ones.
+        return 2 * core["buffers"].size + core["total"].size
 
-    @staticmethod
-    def _core_to_state(core):
+    @classmethod
+    def _core_to_state(cls, core):
         return {
-            "right": [list(buf) for buf in core["right"]],
+            "right": [list(buf) for buf in cls._right(core)],
             "buffers": core["buffers"].tolist(),
             "total": core["total"].tolist(),
         }
@@ -338,11 +453,12 @@ class BLTMechanism(FactorisationMechanism):
                 or any(not isinstance(buf, list) or len(buf) != self._dim for buf in right)
                 or any(isinstance(v, bool) or not isinstance(v, int) for buf in right for v in buf)):
             raise ValueError(f"state right must be {plan.buffers} lists of {self._dim} ints")
-        return {
-            "right": [list(buf) for buf in right],
+        core = {
             "buffers": self._array(data["buffers"], (plan.buffers, self._dim), "buffers"),
             "total": self._array(data["total"], (self._dim,), "total"),
         }
+        self._set_right(plan, core, [list(buf) for buf in right])
+        return core
 
     @classmethod
     def right_factor(cls, horizon: int) -> np.ndarray:
