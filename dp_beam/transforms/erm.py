@@ -87,7 +87,7 @@ from dp_beam.records_erm import ModelRecord
 from dp_beam.transforms.erm_points import CollectPoints, PreparePoints
 from dp_beam.transforms.events import INVALID, TRANSIENT_ERRORS, check_transient_errors
 from dp_beam.transforms.release_spec import ReleaseSpec, key_label
-from dp_beam.transforms.steps import per_step
+from dp_beam.transforms.steps import in_global_window, per_step
 from dp_beam.transforms.streams import (private_keys, release_streams, set_release_options,
                                         validation)
 
@@ -246,6 +246,9 @@ class _ERMTransform(beam.PTransform):
     def expand(self, events):
         label = self.label
         probe = self._probe
+        # The schedule decides the steps, not the input's windows (and every output
+        # must share one windowing to be flattened): the global window from here on.
+        events = in_global_window(events, "EventWindow")
         schedule, declared, side = validation(self)
         prepared = events | "Validate" >> beam.ParDo(PreparePoints(
             label, self._features_fn, self._label_fn, probe.loss.n_features, probe.loss.classes,

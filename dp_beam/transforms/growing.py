@@ -58,7 +58,7 @@ from dp_beam.transforms.event_ids import id_key
 from dp_beam.transforms.events import (INVALID, TRANSIENT_ERRORS, UNBOUNDED_LATENESS,
                                        ValidatingDoFn, check_callable, check_transient_errors)
 from dp_beam.transforms.release_spec import ReleaseSpec
-from dp_beam.transforms.steps import StepOf
+from dp_beam.transforms.steps import StepOf, in_global_window
 from dp_beam.transforms.stream_keys import KV, StreamKey
 from dp_beam.transforms.streams import (private_keys, release_streams, set_release_options,
                                         validation)
@@ -344,6 +344,10 @@ class _GrowingTransform(beam.PTransform):
     def _expand(self, inputs, spec, entry, histograms):
         label = self.label
         records, queries = self._inputs(inputs)
+        # The schedule decides the steps, not the input's windows (design D2.1).
+        records = in_global_window(records, "RecordWindow")
+        if queries is not None:
+            queries = in_global_window(queries, "QueryWindow")
         schedule, declared, side = validation(self)
         prepared = records | "Validate" >> beam.ParDo(_PrepareRecords(
             label, self._universe_fn, self._n_cells, self._key_fn, self._timestamp_fn, schedule,

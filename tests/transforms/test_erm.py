@@ -524,3 +524,24 @@ def test_the_transform_exposes_the_config_its_streams_are_built_from():
     assert t.config == mech.SlidingWindowERMConfig(epsilon=1.0, block_size=4, window=12, n_features=2,
                                                    classes=["a", "b"], feature_bound=2.0, lam=0.5)
     assert t.stream.config == t.config and t.stream.W == 3
+
+
+def test_input_in_fixed_windows_releases_what_global_input_releases():
+    """The schedule decides the steps, not the input's windows (design D2.1)."""
+    events = _points(40) + [{"ts": 3.0, "x": [float("nan"), 0.0], "y": "a", "key": "k"}]
+
+    def run(windowed):
+        def build(p):
+            pcoll = p | beam.Create(events) | beam.Map(
+                lambda e: beam.window.TimestampedValue(e, e["ts"]))
+            if windowed:
+                pcoll = pcoll | beam.WindowInto(beam.window.FixedWindows(STEP))
+            res = pcoll | dpb.ContinualERM(block_size=8, base_size=16, end=70.0, rng=5, **COMMON)
+            return {"releases": res.releases, "invalid": res.invalid}
+
+        out = collect(batch_options(), build)
+        return (sorted(repr(r) for r in out["releases"]),
+                sorted(i.reason for i in out["invalid"]))
+
+    plain = run(False)
+    assert plain[0] and plain[1] and run(True) == plain

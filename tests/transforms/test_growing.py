@@ -336,3 +336,25 @@ def test_design_names_are_aliases():
     with pytest.raises(ValueError, match="scheduler"):
         dpb.BBImprover(lambda r: 0, N, black_box=LaplaceHistogram(N), epsilon=1.0, delta=1e-6,
                        n=10, scheduler="epochs", **SCHEDULE)
+
+
+def test_input_in_fixed_windows_releases_what_global_input_releases():
+    """The schedule decides the steps, not the input's windows (design D2.1)."""
+    records = _records(2) + [{"ts": 5.0, "cell": N + 3, "k": "a"}]
+
+    def run(windowed):
+        def build(p):
+            recs = p | beam.Create(records) | beam.Map(
+                lambda e: beam.window.TimestampedValue(e, e["ts"]))
+            if windowed:
+                recs = recs | beam.WindowInto(beam.window.FixedWindows(STEP))
+            res = recs | dpb.GrowingSynthetic(black_box=LaplaceHistogram(N), epsilon=1.0, n=100,
+                                              gamma=0.5, rng=3, **SYNTH)
+            return {"releases": res.releases, "invalid": res.invalid}
+
+        out = collect(batch_options(), build)
+        return (sorted(repr(r) for r in out["releases"]),
+                sorted(i.reason for i in out["invalid"]))
+
+    plain = run(False)
+    assert plain[0] and plain[1] and run(True) == plain
