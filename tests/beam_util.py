@@ -50,3 +50,24 @@ def collect(pipeline_options, build):
             _ = pc | c.sink(name)
             names.append(name)
     return {name: c[name] for name in names}
+
+
+def global_and_windowed(events, timestamp, window, make):
+    """The records of ``make()`` over ``events`` (stamped by ``timestamp(event)``) in the global
+    window and in fixed windows of ``window`` seconds, each as ``(sorted reprs of the releases,
+    sorted reasons of the dead letters)``: a continual transform's schedule decides its steps,
+    so the two must be equal."""
+    def run(windowed):
+        def build(p):
+            pcoll = p | beam.Create(events) | beam.Map(
+                lambda e: beam.window.TimestampedValue(e, timestamp(e)))
+            if windowed:
+                pcoll = pcoll | beam.WindowInto(beam.window.FixedWindows(window))
+            res = pcoll | make()
+            return {"releases": res.releases, "invalid": res.invalid}
+
+        out = collect(batch_options(), build)
+        return (sorted(repr(r) for r in out["releases"]),
+                sorted(i.reason for i in out["invalid"]))
+
+    return run(False), run(True)

@@ -11,7 +11,7 @@ import pytest
 import dp_beam as dpb
 from dp_beam.mechanisms import BinaryTreeMechanism, ZeroNoise
 from dp_beam.transforms import continual
-from tests.beam_util import batch_options, collect
+from tests.beam_util import batch_options, collect, global_and_windowed
 
 STEP = 10.0
 # The public schedule of _events(): steps 0..9 (the first step not released is 10).
@@ -419,20 +419,6 @@ _WINDOWED_EVENTS = [(f"k{k}", s * 3600.0 + 60.0 * j, float(j % 3), f"u{(k + j) %
                     for k in range(4) for s in range(3) for j in range(3)] + [("k0", 1e9, 1.0, "u0")]
 
 
-def _windowed_run(make, windowed):
-    def build(p):
-        events = (p | beam.Create(_WINDOWED_EVENTS)
-                  | beam.Map(lambda e: beam.window.TimestampedValue(e, e[1])))
-        if windowed:
-            events = events | beam.WindowInto(beam.window.FixedWindows(3600.0))
-        res = events | make()
-        return {"releases": res.releases, "invalid": res.invalid}
-
-    out = collect(batch_options(), build)
-    return (sorted((r.key, r.step, r.value) for r in out["releases"]),
-            sorted(i.reason for i in out["invalid"]))
-
-
 @pytest.mark.parametrize("shards", [0, 2])
 @pytest.mark.parametrize("unit", ["event", "user"])
 def test_input_in_fixed_windows_releases_what_global_input_releases(unit, shards):
@@ -446,6 +432,5 @@ def test_input_in_fixed_windows_releases_what_global_input_releases(unit, shards
                                 step=3600.0, start=0, end=3 * 3600.0, key_fn=lambda e: e[0],
                                 keys=["k0", "k1", "k2", "k3"], rng=3, shards=shards, **user)
 
-    plain, windowed = _windowed_run(make, False), _windowed_run(make, True)
-    assert len(plain[0]) == 12 and plain[1]
-    assert windowed == plain
+    plain, windowed = global_and_windowed(_WINDOWED_EVENTS, lambda e: e[1], 3600.0, make)
+    assert len(plain[0]) == 12 and plain[1] and windowed == plain

@@ -24,7 +24,7 @@ from dp_beam.transforms.erm_points import reproducible_tiebreak
 from dp_beam.mechanisms.stable_hash import stable_hash
 from dp_beam.transforms.bag_log import BagLog
 from dp_beam.transforms.release_spec import PLAN_ATTRIBUTE
-from tests.beam_util import batch_options, collect, streaming_options
+from tests.beam_util import batch_options, collect, global_and_windowed, streaming_options
 
 STEP = 10.0
 # Every test's schedule starts at 0 (the step of the first point); each run passes
@@ -529,19 +529,7 @@ def test_the_transform_exposes_the_config_its_streams_are_built_from():
 def test_input_in_fixed_windows_releases_what_global_input_releases():
     """The schedule decides the steps, not the input's windows (design D2.1)."""
     events = _points(40) + [{"ts": 3.0, "x": [float("nan"), 0.0], "y": "a", "key": "k"}]
-
-    def run(windowed):
-        def build(p):
-            pcoll = p | beam.Create(events) | beam.Map(
-                lambda e: beam.window.TimestampedValue(e, e["ts"]))
-            if windowed:
-                pcoll = pcoll | beam.WindowInto(beam.window.FixedWindows(STEP))
-            res = pcoll | dpb.ContinualERM(block_size=8, base_size=16, end=70.0, rng=5, **COMMON)
-            return {"releases": res.releases, "invalid": res.invalid}
-
-        out = collect(batch_options(), build)
-        return (sorted(repr(r) for r in out["releases"]),
-                sorted(i.reason for i in out["invalid"]))
-
-    plain = run(False)
-    assert plain[0] and plain[1] and run(True) == plain
+    plain, windowed = global_and_windowed(
+        events, lambda e: e["ts"], STEP,
+        lambda: dpb.ContinualERM(block_size=8, base_size=16, end=70.0, rng=5, **COMMON))
+    assert plain[0] and plain[1] and windowed == plain

@@ -15,7 +15,7 @@ from apache_beam.transforms.window import TimestampedValue
 import dp_beam as dpb
 from dp_beam.mechanisms import ZeroNoise
 from dp_beam.mechanisms.growing import PMWG, BBScheduler, LaplaceHistogram, MWEMHistogram
-from tests.beam_util import batch_options, collect, streaming_options
+from tests.beam_util import batch_options, collect, global_and_windowed, streaming_options
 
 N = 4
 STEP = 10
@@ -341,20 +341,8 @@ def test_design_names_are_aliases():
 def test_input_in_fixed_windows_releases_what_global_input_releases():
     """The schedule decides the steps, not the input's windows (design D2.1)."""
     records = _records(2) + [{"ts": 5.0, "cell": N + 3, "k": "a"}]
-
-    def run(windowed):
-        def build(p):
-            recs = p | beam.Create(records) | beam.Map(
-                lambda e: beam.window.TimestampedValue(e, e["ts"]))
-            if windowed:
-                recs = recs | beam.WindowInto(beam.window.FixedWindows(STEP))
-            res = recs | dpb.GrowingSynthetic(black_box=LaplaceHistogram(N), epsilon=1.0, n=100,
-                                              gamma=0.5, rng=3, **SYNTH)
-            return {"releases": res.releases, "invalid": res.invalid}
-
-        out = collect(batch_options(), build)
-        return (sorted(repr(r) for r in out["releases"]),
-                sorted(i.reason for i in out["invalid"]))
-
-    plain = run(False)
-    assert plain[0] and plain[1] and run(True) == plain
+    plain, windowed = global_and_windowed(
+        records, lambda e: e["ts"], STEP,
+        lambda: dpb.GrowingSynthetic(black_box=LaplaceHistogram(N), epsilon=1.0, n=100,
+                                     gamma=0.5, rng=3, **SYNTH))
+    assert plain[0] and plain[1] and windowed == plain

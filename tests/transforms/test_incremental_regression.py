@@ -15,7 +15,7 @@ from dp_beam.mechanisms.regression import (L1Ball, L2Ball, PrivIncERM, PrivIncRe
                                            PrivIncReg1Params, PrivIncReg2)
 from dp_beam.records import InvalidElement, LedgerEntry
 from dp_beam.records_regression import RegressionRecord
-from tests.beam_util import batch_options, collect, streaming_options
+from tests.beam_util import batch_options, collect, global_and_windowed, streaming_options
 
 STEP = 10.0
 TEST_SEED = 0   # a test seed: SeededNoise, not private
@@ -249,19 +249,6 @@ def test_state_per_stream_is_the_counters_only():
 def test_input_in_fixed_windows_releases_what_global_input_releases():
     """The schedule decides the steps, not the input's windows (design D2.1)."""
     events = _events(60) + [{"ts": 5.0, "x": [float("nan"), 0.0, 0.0], "y": 0.0, "key": "k"}]
-
-    def run(windowed):
-        def build(p):
-            pcoll = p | beam.Create(events) | beam.Map(
-                lambda e: beam.window.TimestampedValue(e, e["ts"]))
-            if windowed:
-                pcoll = pcoll | beam.WindowInto(beam.window.FixedWindows(STEP))
-            res = pcoll | dpb.IncrementalRegression(**COMMON, rng=7)
-            return {"releases": res.releases, "invalid": res.invalid}
-
-        out = collect(batch_options(), build)
-        return (sorted((r.step, tuple(r.theta)) for r in out["releases"]),
-                sorted(i.reason for i in out["invalid"]))
-
-    plain = run(False)
-    assert len(plain[0]) == 8 and plain[1] and run(True) == plain
+    plain, windowed = global_and_windowed(events, lambda e: e["ts"], STEP,
+                                          lambda: dpb.IncrementalRegression(**COMMON, rng=7))
+    assert len(plain[0]) == 8 and plain[1] and windowed == plain

@@ -15,7 +15,7 @@ import dp_beam as dpb
 from dp_beam.mechanisms import ZeroNoise
 from dp_beam.mechanisms.continual_mean import MeanConfig
 from dp_beam.transforms.mean import ContinualMean
-from tests.beam_util import batch_options, collect, streaming_options
+from tests.beam_util import batch_options, collect, global_and_windowed, streaming_options
 
 STEP = 10.0
 USERS, M = 60, 8
@@ -744,20 +744,8 @@ def test_input_in_fixed_windows_releases_what_global_input_releases():
     the FnApiRunner: dead letters were flattened across two windowings)."""
     events = [(f"k{k}", s * 3600.0 + 60.0 * j, float(j % 3), f"u{(k + j) % 5}")
               for k in range(3) for s in range(3) for j in range(3)]
-
-    def run(windowed):
-        def build(p):
-            pcoll = (p | beam.Create(events)
-                     | beam.Map(lambda e: beam.window.TimestampedValue(e, e[1])))
-            if windowed:
-                pcoll = pcoll | beam.WindowInto(beam.window.FixedWindows(3600.0))
-            res = pcoll | dpb.ContinualMean(
-                user_fn=lambda e: e[3], value_fn=lambda e: e[2], lower=0.0, upper=2.0,
-                max_samples_per_user=9, epsilon=1.0, step=3600.0, start=0, end=3 * 3600.0,
-                key_fn=lambda e: e[0], keys=["k0", "k1", "k2"], max_users=50, rng=3)
-            return {"releases": res.releases}
-
-        return sorted((r.key, r.step, repr(r.value)) for r in collect(batch_options(), build)["releases"])
-
-    plain = run(False)
-    assert len(plain) == 9 and run(True) == plain
+    plain, windowed = global_and_windowed(events, lambda e: e[1], 3600.0, lambda: dpb.ContinualMean(
+        user_fn=lambda e: e[3], value_fn=lambda e: e[2], lower=0.0, upper=2.0,
+        max_samples_per_user=9, epsilon=1.0, step=3600.0, start=0, end=3 * 3600.0,
+        key_fn=lambda e: e[0], keys=["k0", "k1", "k2"], max_users=50, rng=3))
+    assert len(plain[0]) == 9 and windowed == plain
