@@ -45,7 +45,9 @@ from typing import Any, Callable, Optional, Sequence, Type, Union
 import apache_beam as beam
 import numpy as np
 from apache_beam.metrics import Metrics
+from apache_beam.transforms.window import GlobalWindow
 from apache_beam.utils.timestamp import Timestamp
+from apache_beam.utils.windowed_value import WindowedValue
 from numpy.typing import ArrayLike
 
 from dp_beam.mechanisms import ZeroNoise, make_noise
@@ -78,6 +80,7 @@ NEIGHBOURS = ("replace one event by another in the same step and key (the number
 
 #: Event times whose Timestamp the validation remembers (a cache; any bound works).
 _STAMPS = 4096
+_GLOBAL_WINDOWS = (GlobalWindow(),)
 
 
 @beam.typehints.with_output_types(KV)
@@ -167,7 +170,10 @@ class _EncodePoints(ValidatingDoFn):
         z, y = self._clip(x, norm, label)
         if self._phi is not None:
             z = project_features(self._phi, z)
-        yield beam.window.TimestampedValue((key, (z, y)), self._stamp(ts))
+        # The transform takes its input in the global window (expand), so the point is
+        # placed there directly: what a TimestampedValue would give, without a WindowFn
+        # assignment per event.
+        yield WindowedValue((key, (z, y)), self._stamp(ts), _GLOBAL_WINDOWS)
 
 
 class _SumMoments(beam.CombineFn):

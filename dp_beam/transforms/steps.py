@@ -251,8 +251,7 @@ def per_step(valid: beam.PCollection, combine_fn: beam.CombineFn, step_seconds: 
         combine = beam.CombinePerKey(combine_fn)
         if fanout is not None:
             combine = combine.with_hot_key_fanout(fanout)
-        return (valid
-                | "StepGlobal" >> beam.WindowInto(GlobalWindows())
+        return (in_global_window(valid, "StepGlobal")
                 | "StepKey" >> beam.ParDo(KeyByStep(step_micros))
                 | "PerStep" >> combine
                 | "StepIndex" >> beam.ParDo(StepEnd(step_micros)))
