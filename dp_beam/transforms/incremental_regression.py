@@ -92,11 +92,18 @@ class _EncodePoints(ValidatingDoFn):
     With a projection Φ, z = clip(Φx/√m), else z = x. Nothing raises. The
     encoding ``(svec(zzᵀ), z·y)`` is left to the per-step combine, which does
     it for many points at once (:class:`_SumMoments`).
+
+    ``step_micros`` (bounded input): the output is ``((key, step), (z, y))``
+    instead, keyed by the step of the event time as a re-stamped element would
+    have it, for :func:`~dp_beam.transforms.steps.per_step` with ``stepped``
+    (one DoFn per event fewer, and no timestamp to build).
     """
 
     def __init__(self, transform, features_fn, label_fn, dim, projection=None, key_fn=None,
-                 timestamp_fn=None, schedule=None, keys=None, transient_errors=TRANSIENT_ERRORS):
+                 timestamp_fn=None, schedule=None, keys=None, transient_errors=TRANSIENT_ERRORS,
+                 step_micros=None):
         super().__init__(transform, key_fn, timestamp_fn, schedule, keys, transient_errors)
+        self._step_micros = step_micros
         self._features_fn, self._label_fn = features_fn, label_fn
         self._dim = dim
         self._phi = None if projection is None else np.asarray(projection, dtype=np.float64)
@@ -170,6 +177,10 @@ class _EncodePoints(ValidatingDoFn):
         z, y = self._clip(x, norm, label)
         if self._phi is not None:
             z = project_features(self._phi, z)
+        if self._step_micros is not None:
+            # Timestamp(seconds) keeps int(seconds · 10^6) microseconds.
+            yield (key, int(ts * 1_000_000) // self._step_micros), (z, y)
+            return
         # The transform takes its input in the global window (expand), so the point is
         # placed there directly: what a TimestampedValue would give, without a WindowFn
         # assignment per event.
@@ -488,13 +499,15 @@ class IncrementalRegression(beam.PTransform):
         # must share one windowing to be flattened): the global window from here on.
         events = in_global_window(events, "EventWindow")
         schedule, declared, side = validation(self)
+        bounded = events.is_bounded
         encoded = events | "Validate" >> beam.ParDo(_EncodePoints(
             label, self._features_fn, self._label_fn, self._params.dim, self._projection,
-            self._key_fn, self._timestamp_fn, schedule, declared, self._transient),
+            self._key_fn, self._timestamp_fn, schedule, declared, self._transient,
+            step_micros=self._step_micros if bounded else None),
             **side).with_outputs(INVALID, main="valid")
         invalids = [encoded[INVALID]]
         aggregates = per_step(encoded.valid, _SumMoments(), self._step, self._step_micros,
-                              events.is_bounded)
+                              bounded, stepped=bounded)
         entry = self.plan_entry(label)
         spec = RegressionReleaseSpec(label, self._step, self._cls, self._params, entry,
                                      self._projection)

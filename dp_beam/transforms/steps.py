@@ -235,7 +235,8 @@ def in_global_window(pcoll: beam.PCollection, label: str) -> beam.PCollection:
 
 
 def per_step(valid: beam.PCollection, combine_fn: beam.CombineFn, step_seconds: float,
-             step_micros: int, bounded: bool, fanout: Optional[int] = None) -> beam.PCollection:
+             step_micros: int, bounded: bool, fanout: Optional[int] = None,
+             stepped: bool = False) -> beam.PCollection:
     """``(key, value)`` events → ``(key, (step, aggregate))`` in the global window.
 
     Streaming: ``combine_fn`` per key in event-time fixed windows of one
@@ -246,13 +247,18 @@ def per_step(valid: beam.PCollection, combine_fn: beam.CombineFn, step_seconds: 
     runners' windowed grouping scans every window a key has seen for each
     new one (measured: a plain hourly count of 100,000 events over a year of
     steps ran at ~400 events/s). ``fanout``: hot-key fan-out of the combine.
+    ``stepped`` (bounded only): ``valid`` is already ``((key, step), value)``
+    in the global window (the validating DoFn computed the step).
     """
+    if stepped and not bounded:
+        raise ValueError("stepped input is for bounded input only (streaming steps by window)")
     if bounded:
         combine = beam.CombinePerKey(combine_fn)
         if fanout is not None:
             combine = combine.with_hot_key_fanout(fanout)
-        return (in_global_window(valid, "StepGlobal")
-                | "StepKey" >> beam.ParDo(KeyByStep(step_micros))
+        keyed = valid if stepped else (in_global_window(valid, "StepGlobal")
+                                       | "StepKey" >> beam.ParDo(KeyByStep(step_micros)))
+        return (keyed
                 | "PerStep" >> combine
                 | "StepIndex" >> beam.ParDo(StepEnd(step_micros)))
     combine = (beam.CombinePerKey(combine_fn) if fanout is None

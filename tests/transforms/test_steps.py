@@ -3,6 +3,7 @@ grid of ``FixedWindows(step)``, and ``per_step``'s batch and windowed paths agre
 
 import apache_beam as beam
 import pytest
+from apache_beam.testing.util import assert_that, equal_to
 from apache_beam.transforms.window import GlobalWindow, IntervalWindow, TimestampedValue
 from apache_beam.utils.timestamp import Timestamp
 
@@ -128,3 +129,12 @@ class _WithTimestamp(beam.DoFn):
                 window=beam.DoFn.WindowParam):
         assert window == beam.transforms.window.GlobalWindow()
         yield element + (timestamp,)
+
+
+def test_per_step_takes_stepped_input_only_when_bounded():
+    with beam.Pipeline(options=batch_options()) as p:
+        stepped = p | beam.Create([(("a", 0), 1.0), (("a", 0), 2.0), (("b", 3), 4.0)])
+        with pytest.raises(ValueError, match="stepped"):
+            per_step(stepped, beam.combiners.CountCombineFn(), STEP, MICROS, False, stepped=True)
+        out = per_step(stepped, beam.combiners.CountCombineFn(), STEP, MICROS, True, stepped=True)
+        assert_that(out, equal_to([("a", (0, 2)), ("b", (3, 1))]))
