@@ -83,6 +83,12 @@ _STAMPS = 4096
 _GLOBAL_WINDOWS = (GlobalWindow(),)
 
 
+def _square_is_finite(x: np.ndarray) -> bool:
+    """Whether ``x @ x`` is finite; its overflow is the answer, not a warning for the log."""
+    with np.errstate(over="ignore"):
+        return math.isfinite(x @ x)
+
+
 @beam.typehints.with_output_types(KV)
 class _EncodePoints(ValidatingDoFn):
     """``(key, (z, y))`` per valid event, z and y clipped; bad elements to ``invalid`` with a reason.
@@ -140,7 +146,7 @@ class _EncodePoints(ValidatingDoFn):
 
     def _clip(self, x, norm, label):
         """``(x, y)`` as :func:`clip_point` gives them, from x's norm; counted in ``clipped``."""
-        if norm > 1e150 and not math.isfinite(x @ x):
+        if norm > 1e150 and not _square_is_finite(x):
             # Huge finite values: scale before the norm. (x @ x overflows only
             # past 1.3e154, so below 1e150 the test needs no dot product.)
             x = x / np.max(np.abs(x))
