@@ -18,7 +18,6 @@ import numbers
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Type, Union
 
 import apache_beam as beam
-from apache_beam.transforms.window import GlobalWindows
 
 from dp_beam.mechanisms import CounterConfig, NoiseSource, ZeroNoise
 from dp_beam.mechanisms.counting.postprocess import MonotoneRelease
@@ -324,8 +323,7 @@ class _ContinualTotal(beam.PTransform):
 
     def expand(self, events):
         label = self.label
-        # The schedule decides the steps, not the input's windows; in the global window
-        # from here on, every output (releases, ledger, dead letters) is in one windowing.
+        # The schedule decides the steps, not the input's windows (design D2.1).
         events = in_global_window(events, "EventWindow")
         schedule, declared, side = validation(self)
         step_total = _SumCount() if self._value_fn is not None else _CountSteps()
@@ -352,7 +350,6 @@ class _ContinualTotal(beam.PTransform):
         if self._unit == "user":
             max_keys = selecting.max_keys_per_unit if selecting is not None else None
             bounded = (valid
-                       | "UserWindow" >> beam.WindowInto(GlobalWindows())
                        | "BoundContributions" >> beam.ParDo(BoundContributions(
                            label, self._max_contributions, max_keys, self._step_micros))
                        .with_outputs(CAPPED, UNITS, main="kept"))

@@ -246,8 +246,7 @@ class _ERMTransform(beam.PTransform):
     def expand(self, events):
         label = self.label
         probe = self._probe
-        # The schedule decides the steps, not the input's windows (and every output
-        # must share one windowing to be flattened): the global window from here on.
+        # The schedule decides the steps, not the input's windows (design D2.1).
         events = in_global_window(events, "EventWindow")
         schedule, declared, side = validation(self)
         prepared = events | "Validate" >> beam.ParDo(PreparePoints(

@@ -45,9 +45,7 @@ from typing import Any, Callable, Optional, Sequence, Type, Union
 import apache_beam as beam
 import numpy as np
 from apache_beam.metrics import Metrics
-from apache_beam.transforms.window import GlobalWindow
 from apache_beam.utils.timestamp import Timestamp
-from apache_beam.utils.windowed_value import WindowedValue
 from numpy.typing import ArrayLike
 
 from dp_beam.mechanisms import ZeroNoise, make_noise
@@ -62,7 +60,7 @@ from dp_beam.records_regression import RegressionRecord
 from dp_beam.transforms.events import (INVALID, NAMESPACE, TRANSIENT_ERRORS, ValidatingDoFn,
                                        as_real, check_transient_errors)
 from dp_beam.transforms.release_spec import ReleaseSpec
-from dp_beam.transforms.steps import in_global_window, per_step
+from dp_beam.transforms.steps import global_element, in_global_window, per_step
 from dp_beam.transforms.stream_keys import KV
 from dp_beam.transforms.streams import (private_keys, release_streams, set_release_options,
                                         validation)
@@ -80,7 +78,6 @@ NEIGHBOURS = ("replace one event by another in the same step and key (the number
 
 #: Event times whose Timestamp the validation remembers (a cache; any bound works).
 _STAMPS = 4096
-_GLOBAL_WINDOWS = (GlobalWindow(),)
 
 
 def _square_is_finite(x: np.ndarray) -> bool:
@@ -190,7 +187,7 @@ class _EncodePoints(ValidatingDoFn):
         # The transform takes its input in the global window (expand), so the point is
         # placed there directly: what a TimestampedValue would give, without a WindowFn
         # assignment per event.
-        yield WindowedValue((key, (z, y)), self._stamp(ts), _GLOBAL_WINDOWS)
+        yield global_element((key, (z, y)), self._stamp(ts))
 
 
 class _SumMoments(beam.CombineFn):
@@ -501,8 +498,7 @@ class IncrementalRegression(beam.PTransform):
 
     def expand(self, events):
         label = self.label
-        # The schedule decides the steps, not the input's windows (and every output
-        # must share one windowing to be flattened): the global window from here on.
+        # The schedule decides the steps, not the input's windows (design D2.1).
         events = in_global_window(events, "EventWindow")
         schedule, declared, side = validation(self)
         bounded = events.is_bounded

@@ -465,8 +465,7 @@ class ContinualMean(beam.PTransform):
 
     def expand(self, events):
         label = self.label
-        # The schedule decides the steps, not the input's windows (and every output
-        # must share one windowing to be flattened): the global window from here on.
+        # The schedule decides the steps, not the input's windows (design D2.1).
         events = in_global_window(events, "EventWindow")
         schedule, declared, side = validation(self)
         prepared = events | "Validate" >> beam.ParDo(PrepareMeanEvents(
@@ -477,7 +476,7 @@ class ContinualMean(beam.PTransform):
         stage = dict(transform=label, params=self._params, lower=self._lower, upper=self._upper,
                      step_micros=self._step_micros, max_keys=self._max_keys,
                      selecting=private_keys(self) is not None)
-        users = prepared.valid | "UserWindow" >> beam.WindowInto(GlobalWindows())
+        users = prepared.valid
         if events.is_bounded:
             # Batch: a user's events grouped and taken in event-time order; the
             # step is part of the key, so no event-time windows are needed.

@@ -32,9 +32,7 @@ from apache_beam.metrics import Metrics
 from apache_beam.transforms.timeutil import TimeDomain
 from apache_beam.transforms.userstate import (BagStateSpec, ReadModifyWriteStateSpec,
                                               TimerSpec, on_timer)
-from apache_beam.transforms.window import GlobalWindow
 from apache_beam.utils.timestamp import Timestamp
-from apache_beam.utils.windowed_value import WindowedValue
 
 from dp_beam.mechanisms import NoiseSource, make_noise
 from dp_beam.mechanisms.noise_key import KeyedNoise, NoiseKey
@@ -46,6 +44,7 @@ from dp_beam.transforms.events import INVALID, NAMESPACE
 from dp_beam.transforms.release_spec import (ACCOUNTING, CLOSED, NOT_ADMITTED, PLAN_ATTRIBUTE,
                                              ContinualResult, ReleaseSpec, key_label)
 from dp_beam.transforms.schedule import NotAdmitted, Schedule, StreamStart
+from dp_beam.transforms.steps import global_element
 from dp_beam.transforms.stream_keys import KV
 
 # The spec interface, the log and the shared names live in their own modules;
@@ -56,7 +55,6 @@ __all__ = ["LoggedReleaseDoFn", "OrderedReleaseDoFn", "release_in_order"]
 _SOURCE_CACHE = 4096
 #: Steps whose release timestamp a release DoFn keeps.
 _STAMP_CACHE = 1 << 16
-_GLOBAL_WINDOWS = (GlobalWindow(),)
 
 
 @beam.typehints.with_output_types(Any)
@@ -423,7 +421,7 @@ class OrderedReleaseDoFn(beam.DoFn):
                     # The release runs in the global window (release_in_order), so the
                     # record is placed there directly: the same element a TimestampedValue
                     # would give, without a WindowFn assignment per record.
-                    yield WindowedValue(record, self._end_stamp(step), _GLOBAL_WINDOWS)
+                    yield global_element(record, self._end_stamp(step))
             done = spec.done(mechanism)
             step += 1
         if released:

@@ -15,7 +15,7 @@ from apache_beam.utils.windowed_value import WindowedValue
 from dp_beam.transforms.events import UNBOUNDED_LATENESS, PrepareEvents
 from dp_beam.transforms.stream_keys import KV, StreamKey
 
-__all__ = ["EventStepTotals", "in_global_window", "KeyByStep", "MAX_BUNDLE_TOTALS",
+__all__ = ["EventStepTotals", "global_element", "in_global_window", "KeyByStep", "MAX_BUNDLE_TOTALS",
            "PrepareStepTotals", "StepEnd", "StepOf", "StepTotals", "per_step"]
 
 
@@ -36,6 +36,16 @@ class KeyByStep(beam.DoFn):
 #: every event of a (key, step) seen before the bound still enters one accumulator.
 MAX_BUNDLE_TOTALS = 1 << 16
 _GLOBAL_WINDOWS = (GlobalWindow(),)
+
+
+def global_element(value: Any, timestamp: Timestamp) -> WindowedValue:
+    """``value`` at ``timestamp`` in the global window, for a DoFn whose input is there.
+
+    What ``TimestampedValue(value, timestamp)`` becomes once the global
+    window's ``WindowFn`` has assigned it, without that assignment per element
+    (a measurable share of a per-event or per-release DoFn).
+    """
+    return WindowedValue(value, timestamp, _GLOBAL_WINDOWS)
 
 
 class StepTotals:
@@ -79,8 +89,7 @@ class StepTotals:
         """The gathered accumulators as global-window elements; the table starts empty again."""
         accumulators, self._accumulators = self._accumulators, {}
         micros = self._step_micros
-        return [WindowedValue((key, (step, acc)), Timestamp(micros=(step + 1) * micros - 1),
-                              _GLOBAL_WINDOWS)
+        return [global_element((key, (step, acc)), Timestamp(micros=(step + 1) * micros - 1))
                 for (key, step), acc in accumulators.items()]
 
 
