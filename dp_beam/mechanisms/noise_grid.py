@@ -25,6 +25,7 @@ from .exact_samplers import BitStream, discrete_gaussian, discrete_laplace
 __all__ = [
     "GRID_PRECISION",
     "grid_exponent",
+    "round_on_exponent",
     "grid_float",
     "grid_gaussian",
     "grid_laplace",
@@ -65,6 +66,17 @@ def grid_exponent(scale: float) -> int:
     scale = _positive_float("scale", scale)
     # frexp gives scale = m·2^e with m ∈ [0.5, 1), so floor(log2 scale) = e − 1.
     return max(math.frexp(scale)[1] - 1 - GRID_PRECISION, _MIN_EXPONENT)
+
+
+def round_on_exponent(x: float, k: int) -> float:
+    """x rounded (half to even, exactly) to a multiple of 2^k: :func:`round_to_grid` of a
+    scalar whose grid exponent ``k = grid_exponent(scale)`` the caller keeps (a mechanism
+    rounds every step on the same few grids).
+
+    >>> round_on_exponent(0.1, -30) == round_to_grid(0.1, 1.0), round_on_exponent(5.0, 1)
+    (True, 4.0)
+    """
+    return _round_scalar(x, k)
 
 
 def _round_scalar(x, k):

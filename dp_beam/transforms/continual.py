@@ -15,7 +15,7 @@ unit; streams of different keys compose in parallel.
 import datetime
 import math
 import numbers
-from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Type, Union
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Type, Union
 
 import apache_beam as beam
 
@@ -204,7 +204,7 @@ class CounterReleaseSpec(ReleaseSpec):
         mechanism.set_noise_source(rng)
         return mechanism
 
-    def release(self, mechanism: Any, key: Any, step: int, aggregate: Any) -> Iterator[Release]:
+    def release(self, mechanism: Any, key: Any, step: int, aggregate: Any) -> Tuple[Release]:
         total = _finite_total(aggregate[0])
         if self._grid_exponent is not None:
             total = round_total(total, self._grid_exponent)
@@ -214,10 +214,9 @@ class CounterReleaseSpec(ReleaseSpec):
         if public is None:
             public = self._public[t] = (float(mechanism.noise_std(t)),
                                         float(mechanism.ci_halfwidth(t)), mechanism.name)
-        yield Release(key=key, step=step, window_start=step * self.step_seconds,
-                      window_end=(step + 1) * self.step_seconds, value=float(value),
-                      noise_std=public[0], ci95=public[1], mechanism=public[2],
-                      transform=self.transform, t=t)
+        # One record: a tuple, not a generator (this runs once per stream and step).
+        return (Release(key, step, step * self.step_seconds, (step + 1) * self.step_seconds,
+                        float(value), public[0], public[1], public[2], self.transform, t),)
 
     def ledger(self, key: Any) -> List[LedgerEntry]:
         return [self._ledger._replace(key=key)]
@@ -338,7 +337,8 @@ class _ContinualTotal(beam.PTransform):
         if lifted and self._unit == "event" and selecting is None:
             prepared = (events
                         | "Validate" >> beam.ParDo(PrepareStepTotals(
-                            label, step_total, self._step_micros, **prepare), **side)
+                            label, step_total, self._step_micros, self._shards, **prepare),
+                                                 **side)
                         .with_outputs(INVALID, main="valid"))
             return self._release(events, prepared.valid, [prepared[INVALID]], None, step_total)
 
@@ -359,8 +359,8 @@ class _ContinualTotal(beam.PTransform):
         elif selecting is not None:
             units = valid | "EventUnits" >> beam.ParDo(EventUnits())
         if lifted:
-            aggregates = valid | "StepTotals" >> beam.ParDo(EventStepTotals(step_total,
-                                                                            self._step_micros))
+            aggregates = valid | "StepTotals" >> beam.ParDo(EventStepTotals(
+                step_total, self._step_micros, self._shards))
             return self._release(events, aggregates, invalids, units, step_total)
         aggregates = per_step(valid, step_total, self._step, self._step_micros,
                               events.is_bounded, self._fanout)

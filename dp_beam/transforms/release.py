@@ -45,7 +45,7 @@ from dp_beam.transforms.release_spec import (ACCOUNTING, CLOSED, NOT_ADMITTED, P
                                              ContinualResult, ReleaseSpec, key_label)
 from dp_beam.transforms.schedule import NotAdmitted, Schedule, StreamStart
 from dp_beam.transforms.steps import global_element
-from dp_beam.transforms.stream_keys import KV
+from dp_beam.transforms.stream_keys import KV, shard_of
 
 # The spec interface, the log and the shared names live in their own modules;
 # they stay importable from here, where every transform has found them.
@@ -399,18 +399,21 @@ class OrderedReleaseDoFn(beam.DoFn):
         # Counted here and added once per firing: a metric update per step
         # costs more than the rest of the bookkeeping.
         released = empty = 0
+        # Looked up once per firing, not per step (a sharded release steps many streams).
+        per_step, progress, rng, end_stamp = (self._per_step_seed(), self._progress, self._rng,
+                                              self._end_stamp)
         while step <= until and not done:
             if mechanism is None:
-                mechanism = spec.restore(mech_state.read(), self._rng(key, step), **with_log)
-            elif self._per_step_seed():
+                mechanism = spec.restore(mech_state.read(), rng(key, step), **with_log)
+            elif per_step:
                 # Every step draws from its own keyed source (or test generator).
-                mechanism = spec.reseed(mechanism, self._rng(key, step), **with_log)
+                mechanism = spec.reseed(mechanism, rng(key, step), **with_log)
             aggregate = pending.pop(step, None)
             if aggregate is None:
                 empty += 1
                 aggregate = spec.zero()
             released += 1
-            self._progress.released(key, step, spec.window_end(step), spec.events(aggregate))
+            progress.released(key, step, spec.window_end(step), spec.events(aggregate))
             # Stamped at the step's end, the moment of release and the timer's
             # watermark hold: one microsecond earlier and a downstream window
             # closing at that end would already be expired, and drop it.
@@ -421,7 +424,7 @@ class OrderedReleaseDoFn(beam.DoFn):
                     # The release runs in the global window (release_in_order), so the
                     # record is placed there directly: the same element a TimestampedValue
                     # would give, without a WindowFn assignment per record.
-                    yield global_element(record, self._end_stamp(step))
+                    yield global_element(record, end_stamp(step))
             done = spec.done(mechanism)
             step += 1
         if released:
@@ -536,7 +539,8 @@ def release_in_order(aggregates: beam.PCollection, spec: ReleaseSpec, plan: Iter
     per-key path. Bounded input with shards is released without state or
     timers (:class:`~dp_beam.transforms.shards.BatchShardReleaseDoFn`);
     ``combine_fn`` (only there) says that ``aggregates`` are partial
-    accumulators ``(key, (step, accumulator))`` of that fn
+    accumulators of that fn already routed to their shards, ``(shard,
+    [(key, step, accumulator), ...])``
     (:class:`~dp_beam.transforms.steps.StepTotals`), merged per (key, step)
     in the release's own grouping.
     """
@@ -546,19 +550,22 @@ def release_in_order(aggregates: beam.PCollection, spec: ReleaseSpec, plan: Iter
     dofn = LoggedReleaseDoFn if spec.uses_log else OrderedReleaseDoFn
     release_fn = dofn(spec, bounded=bounded, late=late, seed=seed, end_step=schedule.end_step,
                       noise_key=noise_key, allowed_lateness=allowed_lateness)
+    if combine_fn is not None:
+        released = _release_totals(aggregates, seeds, release_fn, shards, combine_fn)
+        return _result(released, plan, invalids, extra_releases, extra_accounting)
     opened = (aggregates, seeds) | "Open" >> beam.Flatten().with_output_types(KV)
     if shards and not spec.uses_log:
-        released = _release_sharded(opened, release_fn, shards, bounded, combine_fn)
+        released = _release_sharded(opened, release_fn, shards, bounded)
     else:
         released = opened | "Release" >> beam.ParDo(release_fn).with_outputs(
             ACCOUNTING, INVALID, main="releases")
     return _result(released, plan, invalids, extra_releases, extra_accounting)
 
 
-def _release_sharded(opened, release_fn, shards, bounded, combine_fn):
+def _release_sharded(opened, release_fn, shards, bounded):
     """The release of ``opened`` routed to ``shards`` shards, one stateful key each (bounded
     input: one grouping per shard, without state)."""
-    from dp_beam.transforms.shards import BatchShardReleaseDoFn, ShardedReleaseDoFn, shard_of
+    from dp_beam.transforms.shards import BatchShardReleaseDoFn, ShardedReleaseDoFn
 
     sharded = (opened
                | "Shard" >> beam.Map(lambda kv, n=shards: (shard_of(kv[0], n), kv)
@@ -568,11 +575,31 @@ def _release_sharded(opened, release_fn, shards, bounded, combine_fn):
         # per shard and one pass over it give the same records without state.
         return (sharded
                 | "GroupShard" >> beam.GroupByKey()
-                | "Release" >> beam.ParDo(BatchShardReleaseDoFn(
-                    release_fn, combine_fn)).with_outputs(
+                | "Release" >> beam.ParDo(BatchShardReleaseDoFn(release_fn)).with_outputs(
                     ACCOUNTING, INVALID, main="releases"))
     return sharded | "Release" >> beam.ParDo(ShardedReleaseDoFn(release_fn)).with_outputs(
         ACCOUNTING, INVALID, main="releases")
+
+
+def _seed_entries(kv, shards):
+    """A stream marker ``(key, (step, marker))`` in the shape of the routed partial totals."""
+    key, (step, marker) = kv
+    return shard_of(key, shards), [(key, step, marker)]
+
+
+def _release_totals(totals, seeds, release_fn, shards, combine_fn):
+    """The timer-free release of bounded partial totals that arrive routed to their shards
+    (:class:`~dp_beam.transforms.steps.StepTotals`): the stream markers join them in the
+    same shape, and one grouping per shard brings each shard its whole input."""
+    from dp_beam.transforms.shards import BatchShardReleaseDoFn
+
+    routed = seeds | "ShardSeeds" >> beam.Map(_seed_entries, shards).with_output_types(
+        Tuple[int, Any])
+    return ((totals, routed)
+            | "Open" >> beam.Flatten().with_output_types(Tuple[int, Any])
+            | "GroupShard" >> beam.GroupByKey()
+            | "Release" >> beam.ParDo(BatchShardReleaseDoFn(release_fn, combine_fn)).with_outputs(
+                ACCOUNTING, INVALID, main="releases"))
 
 
 def _result(released, plan, invalids, extra_releases, extra_accounting):

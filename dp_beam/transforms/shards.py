@@ -32,8 +32,6 @@ or privately selected), so routing reveals nothing. Specs that keep a
 per-key log (the ERM streams) keep the per-key path.
 """
 
-import functools
-import hashlib
 from typing import Any, Dict, Optional
 
 import apache_beam as beam
@@ -46,41 +44,11 @@ from dp_beam.mechanisms.noise_key import encode_identity
 from dp_beam.transforms.release import OrderedReleaseDoFn
 from dp_beam.transforms.release_spec import key_label
 from dp_beam.transforms.schedule import NotAdmitted, StreamStart
+# Routing lives with the keys (the partial totals route by shard before the release).
+from dp_beam.transforms.stream_keys import KEYS_PER_SHARD, default_shards, shard_of
 
 __all__ = ["shard_of", "default_shards", "ShardedReleaseDoFn", "BatchShardReleaseDoFn",
            "KEYS_PER_SHARD"]
-
-#: Declared keys per shard of the default (``shards=None``): large enough that
-#: a shard's firing amortises the runner's per-timer cost, small enough that
-#: the shard's state cell (all its streams) stays well below a megabyte.
-KEYS_PER_SHARD = 64
-
-
-@functools.lru_cache(maxsize=1 << 16)
-def shard_of(key: Any, shards: int) -> int:
-    """The shard of a stream key: SHA-256 of its canonical encoding, modulo ``shards``.
-
-    Stable across processes, workers and runs (Python's ``hash`` is salted),
-    and a function of the key alone.
-
-    >>> shard_of("JFK", 8) == shard_of("JFK", 8), 0 <= shard_of(("a", 1), 3) < 3
-    (True, True)
-    """
-    digest = hashlib.sha256(encode_identity((key_label(key),))).digest()
-    return int.from_bytes(digest[:8], "big") % shards
-
-
-def default_shards(declared_keys: Optional[int]) -> int:
-    """Shards for a release over ``declared_keys`` keys: 0 (per-key path) below
-    :data:`KEYS_PER_SHARD` or when the key set is not known up front, else
-    ``declared_keys // KEYS_PER_SHARD``.
-
-    >>> default_shards(None), default_shards(10), default_shards(1000)
-    (0, 0, 15)
-    """
-    if declared_keys is None or declared_keys < KEYS_PER_SHARD:
-        return 0
-    return declared_keys // KEYS_PER_SHARD
 
 
 class _Cell:
@@ -213,12 +181,12 @@ class BatchShardReleaseDoFn(beam.DoFn):
     of their keys' canonical encoding, so that the order does not depend on
     the runner's grouping.
 
-    ``combine_fn``: the input is then the stream markers and partial
-    accumulators ``(key, (step, accumulator))`` of ``combine_fn`` (each
-    bundle's totals, :class:`~dp_beam.transforms.steps.StepTotals`), and the
-    aggregate of each (key, step) is their merge, as the combine upstream of
-    the per-key path computes it (exactly the same for the order-free
-    combines of the continual totals).
+    ``combine_fn``: the input is then lists of stream markers and partial
+    accumulators ``[(key, step, accumulator), ...]`` of ``combine_fn`` (each
+    bundle's totals of the shard, :class:`~dp_beam.transforms.steps.StepTotals`),
+    and the aggregate of each (key, step) is their merge, as the combine
+    upstream of the per-key path computes it (exactly the same for the
+    order-free combines of the continual totals).
     """
 
     def __init__(self, inner: OrderedReleaseDoFn,
@@ -234,21 +202,31 @@ class BatchShardReleaseDoFn(beam.DoFn):
         self._inner.setup()
 
     def _aggregated(self, values):
-        """With ``combine_fn``: the input holds partial accumulators per (key, step), merged
-        here (one grouping instead of a combine's and the release's); the stream markers
-        pass through first."""
+        """With ``combine_fn``: the input holds lists of partial accumulators per (key, step),
+        merged here (one grouping instead of a combine's and the release's); the stream
+        markers pass through first."""
         fn = self._combine_fn
         if fn is None:
             return values
         markers, partials = [], {}
-        for key, (step, value) in values:
-            if isinstance(value, (StreamStart, NotAdmitted)):
-                markers.append((key, (step, value)))
-            else:
-                partials.setdefault((key, step), []).append(value)
+        for entries in values:
+            for key, step, value in entries:
+                if isinstance(value, (StreamStart, NotAdmitted)):
+                    markers.append((key, (step, value)))
+                else:
+                    partials.setdefault((key, step), []).append(value)
         return markers + [(key, (step, fn.extract_output(
             accs[0] if len(accs) == 1 else fn.merge_accumulators(accs))))
                           for (key, step), accs in partials.items()]
+
+    def _buffers(self, entry, aggregate):
+        """True when ``_process`` would only buffer ``aggregate``: the stream is open at its
+        first step and not closed (nothing has fired yet in one pass over bounded input, so
+        no step is late), and the aggregate is no stream marker. Such aggregates skip the
+        stand-in cells, which cost more than the append."""
+        nxt = entry.get("next")
+        return (nxt is not None and nxt == entry.get("first") and not self._inner._closed(nxt)
+                and not isinstance(aggregate, (StreamStart, NotAdmitted)))
 
     def process(self, element):
         _, values = element
@@ -258,6 +236,9 @@ class BatchShardReleaseDoFn(beam.DoFn):
             entry = streams.get(key)
             if entry is None:
                 entry = streams[key] = {}
+            elif self._buffers(entry, value[1]):
+                entry.setdefault("buffer", []).append(value)
+                continue
             buffer, _, nxt, first, earliest, stream_timer = ShardedReleaseDoFn._cells(entry)
             yield from inner._process((key, value), buffer, nxt, first, earliest, stream_timer)
         for key in sorted(streams, key=lambda k: encode_identity((key_label(k),))):

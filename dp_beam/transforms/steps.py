@@ -13,7 +13,7 @@ from apache_beam.utils.timestamp import Timestamp
 from apache_beam.utils.windowed_value import WindowedValue
 
 from dp_beam.transforms.events import UNBOUNDED_LATENESS, PrepareEvents
-from dp_beam.transforms.stream_keys import KV, StreamKey
+from dp_beam.transforms.stream_keys import KV, StreamKey, shard_of
 
 __all__ = ["EventStepTotals", "global_element", "in_global_window", "KeyByStep", "MAX_BUNDLE_TOTALS",
            "PrepareStepTotals", "StepEnd", "StepOf", "StepTotals", "per_step"]
@@ -49,27 +49,35 @@ def global_element(value: Any, timestamp: Timestamp) -> WindowedValue:
 
 
 class StepTotals:
-    """Partial accumulators of ``combine_fn`` per (key, step), gathered over one bundle.
+    """Partial accumulators of ``combine_fn`` per (key, step), gathered over one bundle and
+    sent on grouped by shard.
 
     Beam lifts a ``CombinePerKey`` the same way: each bundle pre-combines what
     it holds, and the grouping carries one accumulator per (key, step) and
-    bundle instead of one element per event. The accumulators leave as
-    ``(key, (step, accumulator))`` in the global window, stamped at the
-    step's last microsecond, and are merged by the release
-    (:class:`~dp_beam.transforms.shards.BatchShardReleaseDoFn`). Exact only
-    for a combine whose merge does not depend on the order (the counts and
-    the exact sums of the continual totals).
+    bundle instead of one element per event. Here the bundle also groups its
+    accumulators by the shard of their key (:func:`~dp_beam.transforms.
+    stream_keys.shard_of`), the grouping of the release that merges them
+    (:class:`~dp_beam.transforms.shards.BatchShardReleaseDoFn`): one element
+    per shard and bundle, ``(shard, [(key, step, accumulator), ...])``, in the
+    global window, stamped at the earliest of its steps' last microseconds.
+    A (key, step) element each would cost the runner an element's dispatch,
+    encoding and grouping per release (design D1.4). Exact only for a
+    combine whose merge does not depend on the order (the counts and the
+    exact sums of the continual totals).
 
-    >>> totals = StepTotals(beam.combiners.CountCombineFn(), step_micros=10)
+    >>> totals = StepTotals(beam.combiners.CountCombineFn(), step_micros=10, shards=1)
     >>> totals.add("k", 3, 1.0), totals.add("k", 7, 1.0), totals.add("k", 12, 1.0)
     ((), (), ())
-    >>> sorted(wv.value for wv in totals.flush())
-    [('k', (0, 2)), ('k', (1, 1))]
+    >>> [wv.value for wv in totals.flush()]
+    [(0, [('k', 0, 2), ('k', 1, 1)])]
     """
 
-    def __init__(self, combine_fn: beam.CombineFn, step_micros: int) -> None:
+    def __init__(self, combine_fn: beam.CombineFn, step_micros: int, shards: int) -> None:
+        if isinstance(shards, bool) or not isinstance(shards, int) or shards < 1:
+            raise ValueError(f"shards must be a positive int, got {shards!r}")
         self._fn = combine_fn
         self._step_micros = step_micros
+        self._shards = shards
         self._accumulators = {}
 
     def add(self, key: Any, micros: int, value: Any) -> Sequence[WindowedValue]:
@@ -86,26 +94,39 @@ class StepTotals:
         return ()
 
     def flush(self) -> List[WindowedValue]:
-        """The gathered accumulators as global-window elements; the table starts empty again."""
+        """The gathered accumulators, one global-window element per shard; the table starts
+        empty again."""
         accumulators, self._accumulators = self._accumulators, {}
+        shards = self._shards
+        by_shard = {}
+        for (key, step), acc in accumulators.items():
+            shard = shard_of(key, shards)
+            entries = by_shard.get(shard)
+            if entries is None:
+                by_shard[shard] = [(key, step, acc)]
+            else:
+                entries.append((key, step, acc))
         micros = self._step_micros
-        return [global_element((key, (step, acc)), Timestamp(micros=(step + 1) * micros - 1))
-                for (key, step), acc in accumulators.items()]
+        return [global_element((shard, entries),
+                               Timestamp(micros=(min(e[1] for e in entries) + 1) * micros - 1))
+                for shard, entries in by_shard.items()]
 
 
-@beam.typehints.with_output_types(Tuple[StreamKey, Tuple[int, Any]])
+@beam.typehints.with_output_types(Tuple[int, List[Tuple[StreamKey, int, Any]]])
 class EventStepTotals(beam.DoFn):
-    """``(key, value)`` events in the global window → ``(key, (step, accumulator))``: the
-    bundle's partial totals per (key, step) (:class:`StepTotals`), for a release that merges
-    them itself."""
+    """``(key, value)`` events in the global window → ``(shard, [(key, step, accumulator),
+    ...])``: the bundle's partial totals per (key, step) grouped by shard
+    (:class:`StepTotals`), for a release that merges them itself."""
 
-    def __init__(self, combine_fn: beam.CombineFn, step_micros: int) -> None:
+    def __init__(self, combine_fn: beam.CombineFn, step_micros: int, shards: int) -> None:
+        StepTotals(combine_fn, step_micros, shards)     # validates eagerly
         self._combine_fn = combine_fn
         self._step_micros = step_micros
+        self._shards = shards
         self._totals = None
 
     def start_bundle(self):
-        self._totals = StepTotals(self._combine_fn, self._step_micros)
+        self._totals = StepTotals(self._combine_fn, self._step_micros, self._shards)
 
     def process(self, element, timestamp=beam.DoFn.TimestampParam):
         key, value = element
@@ -115,7 +136,7 @@ class EventStepTotals(beam.DoFn):
         yield from self._totals.flush()
 
 
-@beam.typehints.with_output_types(Tuple[StreamKey, Tuple[int, Any]])
+@beam.typehints.with_output_types(Tuple[int, List[Tuple[StreamKey, int, Any]]])
 class PrepareStepTotals(PrepareEvents):
     """:class:`~dp_beam.transforms.events.PrepareEvents` and :class:`EventStepTotals` in one
     pass, for events in the global window without ``user_fn``: the same checks and dead
@@ -127,17 +148,19 @@ class PrepareStepTotals(PrepareEvents):
     """
 
     def __init__(self, transform: str, combine_fn: beam.CombineFn, step_micros: int,
-                 **prepare: Any) -> None:
+                 shards: int, **prepare: Any) -> None:
         super().__init__(transform, **prepare)
         if self._user_fn is not None:
             raise ValueError("PrepareStepTotals takes no user_fn (user contributions are "
                              "bounded between validation and the totals)")
+        StepTotals(combine_fn, step_micros, shards)     # validates eagerly
         self._combine_fn = combine_fn
         self._step_micros = step_micros
+        self._shards = shards
         self._totals = None
 
     def start_bundle(self):
-        self._totals = StepTotals(self._combine_fn, self._step_micros)
+        self._totals = StepTotals(self._combine_fn, self._step_micros, self._shards)
 
     def process(self, element, timestamp=beam.DoFn.TimestampParam, declared=None):
         ts, key, _, value, err = self._prepare(element, timestamp, declared)

@@ -28,6 +28,8 @@ encode state keys (Dataflow, Flink) need a deterministic key coder for
 stateful DoFns, which Beam's default ``FastPrimitivesCoder`` is not.
 """
 
+import functools
+import hashlib
 import math
 import numbers
 import struct
@@ -36,7 +38,11 @@ from typing import Any, Optional, Tuple
 import numpy as np
 from apache_beam import coders
 
-__all__ = ["StreamKey", "StreamKeyCoder", "KV", "normalize_key"]
+from dp_beam.mechanisms.noise_key import encode_identity
+from dp_beam.transforms.release_spec import key_label
+
+__all__ = ["StreamKey", "StreamKeyCoder", "KV", "normalize_key", "shard_of", "default_shards",
+           "KEYS_PER_SHARD"]
 
 #: Deepest tuple nesting accepted in a key or user id.
 _MAX_DEPTH = 8
@@ -216,3 +222,37 @@ class StreamKeyCoder(coders.Coder):
 
 
 coders.registry.register_coder(StreamKey, StreamKeyCoder)
+
+
+#: Declared keys per shard of the default (``shards=None``): large enough that
+#: a shard's firing amortises the runner's per-timer cost, small enough that
+#: the shard's state cell (all its streams) stays well below a megabyte.
+KEYS_PER_SHARD = 64
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def shard_of(key: Any, shards: int) -> int:
+    """The shard of a stream key: SHA-256 of its canonical encoding, modulo ``shards``.
+
+    Stable across processes, workers and runs (Python's ``hash`` is salted),
+    and a function of the key alone, which is public (declared or privately
+    selected): routing by it reveals nothing (``dp_beam.transforms.shards``).
+
+    >>> shard_of("JFK", 8) == shard_of("JFK", 8), 0 <= shard_of(("a", 1), 3) < 3
+    (True, True)
+    """
+    digest = hashlib.sha256(encode_identity((key_label(key),))).digest()
+    return int.from_bytes(digest[:8], "big") % shards
+
+
+def default_shards(declared_keys: Optional[int]) -> int:
+    """Shards for a release over ``declared_keys`` keys: 0 (per-key path) below
+    :data:`KEYS_PER_SHARD` or when the key set is not known up front, else
+    ``declared_keys // KEYS_PER_SHARD``.
+
+    >>> default_shards(None), default_shards(10), default_shards(1000)
+    (0, 0, 15)
+    """
+    if declared_keys is None or declared_keys < KEYS_PER_SHARD:
+        return 0
+    return declared_keys // KEYS_PER_SHARD

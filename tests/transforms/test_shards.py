@@ -210,8 +210,8 @@ def test_batch_shard_release_merges_partial_totals_like_the_upstream_combine():
                       if hasattr(r, "value") and hasattr(r.value, "step"))
 
     one = _SumCount().add_input(_SumCount().create_accumulator(), 1.0)
-    raw = [("b", (2, one)), ("a", (0, one)), ("a", (0, one)), ("b", (0, StreamStart())),
-           ("a", (0, StreamStart())), ("a", (3, one))]
+    raw = [[("b", 2, one), ("a", 0, one)], [("a", 0, one)], [("b", 0, StreamStart())],
+           [("a", 0, StreamStart())], [("a", 3, one)]]
     combined = [("a", (0, StreamStart())), ("b", (0, StreamStart())), ("a", (0, (2.0, 2))),
                 ("a", (3, (1.0, 1))), ("b", (2, (1.0, 1)))]
     got = release(raw, _SumCount())

@@ -20,23 +20,49 @@ MICROS = 10_000_000
                                            (-0.000001, -1)])
 def test_step_totals_and_key_by_step_use_the_epoch_aligned_grid(seconds, step):
     ts = Timestamp(micros=round(seconds * 1e6))
-    totals = EventStepTotals(beam.combiners.CountCombineFn(), MICROS)
+    totals = EventStepTotals(beam.combiners.CountCombineFn(), MICROS, shards=1)
     totals.start_bundle()
     assert list(totals.process(("k", 3.0), ts)) == []
     (out,) = totals.finish_bundle()
-    assert out.value == ("k", (step, 1)) and out.timestamp == Timestamp(micros=(step + 1) * MICROS - 1)
+    assert out.value == (0, [("k", step, 1)])
+    assert out.timestamp == Timestamp(micros=(step + 1) * MICROS - 1)
     assert out.windows == (GlobalWindow(),)
     assert list(KeyByStep(MICROS).process(("k", 3.0), ts)) == [(("k", step), 3.0)]
 
 
 def test_step_totals_merge_a_bundle_per_key_and_step_and_flush_when_full(monkeypatch):
     monkeypatch.setattr(steps, "MAX_BUNDLE_TOTALS", 3)
-    totals = StepTotals(beam.combiners.CountCombineFn(), MICROS)
+    totals = StepTotals(beam.combiners.CountCombineFn(), MICROS, shards=1)
     assert totals.add("a", 1, "x") == () and totals.add("a", 2, "y") == ()
     assert totals.add("b", 1, "z") == ()
     flushed = totals.add("a", MICROS, "w")      # a third (key, step): the table is emptied
-    assert sorted(wv.value for wv in flushed) == [("a", (0, 2)), ("a", (1, 1)), ("b", (0, 1))]
+    assert [wv.value[0] for wv in flushed] == [0]
+    assert sorted(flushed[0].value[1]) == [("a", 0, 2), ("a", 1, 1), ("b", 0, 1)]
     assert totals.flush() == []
+
+
+def test_step_totals_leave_grouped_by_the_shard_of_their_key():
+    """One element per shard of the bundle: every (key, step) total goes to its key's shard
+    (shard_of), stamped at the earliest step end of that shard's totals."""
+    from dp_beam.transforms.stream_keys import shard_of
+
+    totals = StepTotals(beam.combiners.CountCombineFn(), MICROS, shards=4)
+    keys = [f"k{i}" for i in range(20)]
+    for i, key in enumerate(keys):
+        totals.add(key, (i % 3) * MICROS, "x")
+        totals.add(key, (i % 3) * MICROS + 5, "y")
+    flushed = totals.flush()
+    shards = [wv.value[0] for wv in flushed]
+    assert len(shards) == len(set(shards)) == len({shard_of(k, 4) for k in keys})
+    for wv in flushed:
+        shard, entries = wv.value
+        assert all(shard_of(key, 4) == shard and count == 2 for key, _, count in entries)
+        first = min(step for _, step, _ in entries)
+        assert wv.timestamp == Timestamp(micros=(first + 1) * MICROS - 1)
+    assert sorted(key for wv in flushed for key, _, _ in wv.value[1]) == sorted(keys)
+    for bad in (0, -1, 1.5, True, None):
+        with pytest.raises(ValueError, match="shards"):
+            StepTotals(beam.combiners.CountCombineFn(), MICROS, shards=bad)
 
 
 def test_prepare_step_totals_validates_like_prepare_events():
@@ -48,7 +74,7 @@ def test_prepare_step_totals_validates_like_prepare_events():
     schedule = resolve_schedule(STEP, 0, 10 * STEP, None)
     args = dict(value_fn=lambda e: e[2], lower=0.0, upper=5.0, key_fn=lambda e: e[0],
                 timestamp_fn=lambda e: e[1], schedule=schedule, keys=["a", "b"])
-    fused = PrepareStepTotals("t", beam.combiners.CountCombineFn(), MICROS, **args)
+    fused = PrepareStepTotals("t", beam.combiners.CountCombineFn(), MICROS, 1, **args)
     plain = PrepareEvents("t", **args)
     fused.start_bundle()
     events = [("a", 3e-06, 1.0), ("a", 9.999999, 9.0), ("c", 1.0, 1.0), ("b", 120.0, 1.0),
@@ -60,11 +86,11 @@ def test_prepare_step_totals_validates_like_prepare_events():
             assert [g.value.reason for g in got] == [w.value.reason for w in want]
         else:
             assert got == []
-    out = sorted(wv.value for wv in fused.finish_bundle())
+    (out,) = [wv.value for wv in fused.finish_bundle()]
     # 3e-06 s is 2.9999999999999996 µs as a float: Timestamp keeps 2 µs, step 0.
-    assert out == [("a", (0, 2)), ("b", (1, 1))]
+    assert out[0] == 0 and sorted(out[1]) == [("a", 0, 2), ("b", 1, 1)]
     with pytest.raises(ValueError, match="user_fn"):
-        PrepareStepTotals("t", beam.combiners.CountCombineFn(), MICROS, user_fn=lambda e: e)
+        PrepareStepTotals("t", beam.combiners.CountCombineFn(), MICROS, 1, user_fn=lambda e: e)
 
 
 def test_in_global_window_adds_a_step_only_when_needed():

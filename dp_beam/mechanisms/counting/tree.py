@@ -16,7 +16,7 @@ import numpy as np
 from ...accounting.cost import Cost
 from ..calibration import gaussian_sigma, laplace_scale
 from ..noise import gaussian_halfwidth, make_noise
-from ..noise_grid import grid_padded_scale, round_to_grid
+from ..noise_grid import grid_exponent, grid_padded_scale, round_on_exponent, round_to_grid
 from .doubling import epoch_of, epoch_steps, release_intervals, release_levels
 from .intervals import laplace_release_halfwidth
 from .parameters import (
@@ -32,6 +32,12 @@ __all__ = ["BinaryTreeMechanism", "NOISE_KINDS"]
 
 def _trailing_zeros(c):
     return (c & -c).bit_length() - 1
+
+
+@functools.lru_cache(maxsize=256)
+def _grid_of(scale):
+    """``grid_exponent`` of a node scale: a tree has one scale per level count."""
+    return grid_exponent(scale)
 
 
 @functools.lru_cache(maxsize=1024)
@@ -372,7 +378,7 @@ class BinaryTreeMechanism(CounterParameters):
             values[level] = 0.0
         scale = self._node_scale(levels)
         if self._source.exact_grid:
-            exact = round_to_grid(exact, scale)
+            exact = round_on_exponent(exact, _grid_of(scale))
         values[i] = exact + float(self._draw(scale)[0])
         column[:] = values
         self._t = t
