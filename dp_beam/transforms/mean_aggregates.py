@@ -9,6 +9,7 @@ changes what is released: merging is a sum, and the samples reach the core
 unchanged.
 """
 
+import dataclasses
 import pickle  # noqa: F401  (the PackedSamples example pickles)
 from typing import Any, Dict, Iterable, List, Optional, Union
 
@@ -16,9 +17,11 @@ import apache_beam as beam
 import numpy as np
 
 from dp_beam.mechanisms.continual_mean import ContinualMeanCore, MeanAggregate, MeanStep
+from dp_beam.mechanisms.continual_mean.core import ContinualMeanState
+from dp_beam.mechanisms.state import state_field
 
-__all__ = ["MedianStoreInLog", "MergeAggregates", "PackedSamples", "accumulator", "merge_into",
-           "plain"]
+__all__ = ["MedianStoreInLog", "MedianStoreState", "MergeAggregates", "PackedSamples", "accumulator",
+           "merge_into", "plain"]
 
 
 class PackedSamples:
@@ -189,6 +192,14 @@ class _LoggedSamples(dict):
         return super().items()
 
 
+@dataclasses.dataclass(frozen=True)
+class MedianStoreState(ContinualMeanState):
+    """The state of a :class:`MedianStoreInLog`: its core's, then how many entries of samples
+    the log holds (None once the store is dropped; a state without it reads as 0)."""
+
+    store_entries: Optional[int] = state_field(default=0, kw_only=True)
+
+
 class MedianStoreInLog:
     """A :class:`ContinualMeanCore` (``preset="paper"``) whose sample store lives in a log.
 
@@ -228,6 +239,7 @@ class MedianStoreInLog:
         return out
 
     def to_state(self) -> Dict[str, Any]:
-        state = self.core.to_state()
-        state["store_entries"] = self._stored
-        return state
+        """The core's state and the number of log entries (:class:`MedianStoreState`)."""
+        core = self.core.state_record()
+        fields = {f.name: getattr(core, f.name) for f in dataclasses.fields(core)}
+        return MedianStoreState(**fields, store_entries=self._stored).to_state()

@@ -8,13 +8,15 @@ released estimate, stepped once per time step with one merged
 :meth:`ContinualMeanCore.to_state`.
 """
 
+import dataclasses
 import math
-from typing import Any, Callable, Dict, Optional
+from typing import Any, Dict, Optional
 
 import numpy as np
 
 from ..noise import gaussian_halfwidth, laplace_sum_halfwidth, make_noise
 from ..counting.registry import get_mechanism
+from ..state import StateRecord, float_array, optional, state_field
 from .aggregate import MeanAggregate
 from .median import private_median
 from .plan import PRIOR_CONFIDENCE, prior_error_bound
@@ -23,6 +25,7 @@ from .schedule import element_size
 __all__ = [
     "MeanStep",
     "ContinualMeanCore",
+    "ContinualMeanState",
 ]
 
 
@@ -110,12 +113,19 @@ class ContinualMeanCore:
 
     # -- serialisation ---------------------------------------------------------
 
+    def state_record(self) -> "ContinualMeanState":
+        """The core's state as its record (the trees as their states); :meth:`to_state` writes
+        it. The record shares the core's arrays and dicts: write it before the next step."""
+        values = {f.name: getattr(self, f.name) for f in dataclasses.fields(ContinualMeanState)
+                  if f.name not in _SPECIAL}
+        trees = {j: tree.to_state() for j, tree in self.trees.items()}
+        count_tree = None if self.count_tree is None else self.count_tree.to_state()
+        return ContinualMeanState(mechanism=self.name, trees=trees, count_tree=count_tree, **values)
+
     def to_state(self) -> Dict[str, Any]:
-        """The core's state as plain Python values (lists, dicts, numbers), for Beam state."""
-        state = {"mechanism": self.name}
-        for field, codec in _STATE_FIELDS:
-            state[field] = codec.dump(getattr(self, field))
-        return state
+        """The core's state as plain Python values (lists, dicts, numbers), for Beam state
+        (:class:`ContinualMeanState`)."""
+        return self.state_record().to_state()
 
     @classmethod
     def from_state(cls, params: Any, state: Dict[str, Any], lower: Any = 0.0, upper: Any = 1.0,
@@ -123,15 +133,13 @@ class ContinualMeanCore:
         """The core :meth:`to_state` saved, drawing later noise from ``rng``."""
         if not isinstance(state, dict) or state.get("mechanism") != cls.name:
             raise ValueError("state is not a continual-mean core state")
-        core = cls(params, lower, upper, horizon=next(iter(state["trees"].values()))["horizon"], rng=rng)
-        for field, codec in _STATE_FIELDS:
-            if field in state:
-                setattr(core, field, codec.load(state[field], core.source))
-            elif codec.missing is _REQUIRED:
-                raise KeyError(field)
-            else:
-                # States saved before the field existed.
-                setattr(core, field, codec.missing)
+        record = ContinualMeanState.from_state(state)
+        core = cls(params, lower, upper, horizon=next(iter(record.trees.values()))["horizon"], rng=rng)
+        for f in dataclasses.fields(record):
+            if f.name not in _SPECIAL:
+                setattr(core, f.name, getattr(record, f.name))
+        core.trees = {j: _tree_from(s, core.source) for j, s in record.trees.items()}
+        core.count_tree = None if record.count_tree is None else _tree_from(record.count_tree, core.source)
         return core
 
     # -- the step --------------------------------------------------------------
@@ -439,69 +447,53 @@ class ContinualMeanCore:
                    for j, group in enumerate(self.p.count_groups))
 
 
-_REQUIRED = object()
-
-
-class _Codec:
-    """How one core attribute is saved in, and read back from, the state dict."""
-
-    def __init__(self, dump: Callable[[Any], Any], load: Callable[[Any, Any], Any],
-                 missing: Any = _REQUIRED):
-        self.dump, self.load, self.missing = dump, load, missing
-
-
-def _optional(convert: Callable[[Any], Any]) -> Callable[[Any], Any]:
-    return lambda value: None if value is None else convert(value)
-
-
-def _tree_state(tree: Any) -> Any:
-    return tree.to_state()
-
-
 def _tree_from(state: Any, source: Any) -> Any:
     return get_mechanism(state["mechanism"]).from_state(state, rng=source)
 
 
-def _floats(value: Any) -> np.ndarray:
-    return np.asarray(value, dtype=np.float64)
+def _int_arrays(value: Dict[Any, Any]) -> Dict[Any, np.ndarray]:
+    return {k: np.asarray(v, dtype=np.int64) for k, v in value.items()}
 
 
-def _query_state(query: Any) -> Any:
-    return (query[0].tolist(), query[1], query[2])
+def _float_arrays(value: Dict[Any, Any]) -> Dict[Any, np.ndarray]:
+    return {k: float_array(v) for k, v in value.items()}
+
+
+def _store_from(store: Dict[Any, Any]) -> Dict[Any, list]:
+    return {k: [(i, float_array(x)) for i, x in v] for k, v in store.items()}
 
 
 def _query_from(query: Any) -> Any:
-    return (_floats(query[0]), float(query[1]), int(query[2]))
+    return (float_array(query[0]), float(query[1]), int(query[2]))
 
 
-_PLAIN = _Codec(lambda value: value, lambda value, source: value)
-_DICT = _Codec(dict, lambda value, source: dict(value))
+@dataclasses.dataclass(frozen=True)
+class ContinualMeanState(StateRecord):
+    """The state of a :class:`ContinualMeanCore`: its name, then the core attributes of the
+    same names in their saved order (the trees as their own states). ``last_est01`` and
+    ``last_bound`` may be missing: states saved before they existed read as no previous
+    release."""
 
-#: The core's state fields in their saved order; the format (a plain dict with these
-#: keys, besides "mechanism") is unchanged from the hand-written maps it replaces.
-_STATE_FIELDS = (
-    ("t", _PLAIN),
-    ("trees", _Codec(lambda trees: {j: _tree_state(tr) for j, tr in trees.items()},
-                     lambda trees, source: {j: _tree_from(s, source) for j, s in trees.items()})),
-    ("count_tree", _Codec(_optional(_tree_state),
-                          lambda state, source: None if state is None else _tree_from(state, source))),
-    ("active", _DICT),
-    ("prior", _Codec(lambda prior: {k: v.tolist() for k, v in prior.items()},
-                     lambda prior, source: {k: np.asarray(v, dtype=np.int64) for k, v in prior.items()})),
-    ("buffer", _Codec(lambda buffer: {k: v.tolist() for k, v in buffer.items()},
-                      lambda buffer, source: {k: _floats(v) for k, v in buffer.items()})),
-    ("counts", _DICT),
-    ("samples_in", _DICT),
-    ("a", _DICT),
-    ("max_count", _PLAIN),
-    ("store", _Codec(lambda store: {k: [(i, x.tolist()) for i, x in v] for k, v in store.items()},
-                     lambda store, source: {k: [(i, _floats(x)) for i, x in v]
-                                            for k, v in store.items()})),
-    ("noisy_counts", _Codec(_optional(np.ndarray.tolist), lambda v, source: _optional(_floats)(v))),
-    ("last_est01", _Codec(_optional(np.ndarray.tolist), lambda v, source: _optional(_floats)(v),
-                          missing=None)),
-    ("last_bound", _Codec(lambda v: v, lambda v, source: float(v), missing=math.inf)),
-    ("prefix_mean", _Codec(np.ndarray.tolist, lambda v, source: _floats(v))),
-    ("prefix_inv", _Codec(lambda v: v, lambda v, source: float(v))),
-    ("query", _Codec(_optional(_query_state), lambda v, source: _optional(_query_from)(v))),
-)
+    mechanism: str
+    t: int
+    trees: Dict[Any, Dict[str, Any]]
+    count_tree: Optional[Dict[str, Any]]
+    active: Dict[Any, bool] = state_field(decode=dict)
+    prior: Dict[Any, np.ndarray] = state_field(decode=_int_arrays)
+    buffer: Dict[Any, np.ndarray] = state_field(decode=_float_arrays)
+    counts: Dict[Any, int] = state_field(decode=dict)
+    samples_in: Dict[Any, int] = state_field(decode=dict)
+    a: Dict[Any, int] = state_field(decode=dict)
+    max_count: int = state_field()
+    store: Dict[Any, list] = state_field(decode=_store_from)
+    noisy_counts: Optional[np.ndarray] = state_field(decode=optional(float_array))
+    last_est01: Optional[np.ndarray] = state_field(decode=optional(float_array), default=None,
+                                                   kw_only=True)
+    last_bound: float = state_field(decode=float, default=math.inf, kw_only=True)
+    prefix_mean: np.ndarray = state_field(decode=float_array, kw_only=True)
+    prefix_inv: float = state_field(decode=float, kw_only=True)
+    query: Optional[tuple] = state_field(decode=optional(_query_from), kw_only=True)
+
+
+#: The record fields that are not plain core attributes (the trees need the noise source).
+_SPECIAL = ("mechanism", "trees", "count_tree")

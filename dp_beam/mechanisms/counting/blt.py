@@ -19,6 +19,7 @@ T = 2^10 / 2^16 / 2^20 against the lower bound 2.910 / 4.232 / 5.115 σ.
 The privacy argument is ``docs/privacy/counting.md``, C-8, C-9 and C-12.
 """
 
+import dataclasses
 import functools
 import math
 import operator
@@ -28,11 +29,22 @@ from typing import Any, Dict, Optional, Sequence, Tuple
 import numpy as np
 from scipy import optimize
 
+from ..state import StateRecord
 from .factorisation import FactorisationMechanism
 from .integer_units import Lanes, dyadic, from_units, to_units
 from .participation import toeplitz_participation_norm
 
-__all__ = ["BLTMechanism", "blt_errors", "optimise_blt", "blt_parameters"]
+__all__ = ["BLTCoreState", "BLTMechanism", "blt_errors", "optimise_blt", "blt_parameters"]
+
+
+@dataclasses.dataclass(frozen=True)
+class BLTCoreState(StateRecord):
+    """The core of a :class:`BLTMechanism`'s state: the integer buffers of the right factor
+    (lists of ints, exact, unpacked), the float buffers of its inverse and the running release."""
+
+    right: Any
+    buffers: Any
+    total: Any
 
 
 def _geometric(q, n):
@@ -441,21 +453,19 @@ class BLTMechanism(FactorisationMechanism):
 
     @classmethod
     def _core_to_state(cls, core):
-        return {
-            "right": [list(buf) for buf in cls._right(core)],
-            "buffers": core["buffers"].tolist(),
-            "total": core["total"].tolist(),
-        }
+        return BLTCoreState(right=[list(buf) for buf in cls._right(core)], buffers=core["buffers"],
+                            total=core["total"]).to_state()
 
     def _core_from_state(self, plan, data, local):
-        right = data.get("right")
+        record = BLTCoreState.from_state(data)
+        right = record.right
         if (not isinstance(right, list) or len(right) != plan.buffers
                 or any(not isinstance(buf, list) or len(buf) != self._dim for buf in right)
                 or any(isinstance(v, bool) or not isinstance(v, int) for buf in right for v in buf)):
             raise ValueError(f"state right must be {plan.buffers} lists of {self._dim} ints")
         core = {
-            "buffers": self._array(data["buffers"], (plan.buffers, self._dim), "buffers"),
-            "total": self._array(data["total"], (self._dim,), "total"),
+            "buffers": self._array(record.buffers, (plan.buffers, self._dim), "buffers"),
+            "total": self._array(record.total, (self._dim,), "total"),
         }
         self._set_right(plan, core, [list(buf) for buf in right])
         return core

@@ -21,6 +21,7 @@ horizon) and a *core* (the per-horizon streaming state).
 The privacy argument is ``docs/privacy/counting.md``, C-6, C-8 and C-9.
 """
 
+import dataclasses
 import math
 from typing import Any, Dict, Optional, Union
 
@@ -34,12 +35,14 @@ from .intervals import laplace_combination_halfwidth
 from .parameters import (
     CounterConfig,
     CounterParameters,
+    CounterState,
     privacy_cost,
     restore_parameters,
 )
 
 __all__ = [
     "FactorisationMechanism",
+    "FactorisationState",
     "RIGHT_FACTOR_SLACK",
     "prefix_sum_matrix",
     "prefix_sum_lower_bound",
@@ -74,6 +77,16 @@ def prefix_sum_lower_bound(horizon: int) -> float:
 
 
 # -- the shared mechanism ---------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class FactorisationState(CounterState):
+    """The state of a :class:`FactorisationMechanism`: the counter fields, then the open
+    epoch's core (the subclass's dict, None between epochs of an unbounded stream) and the sum
+    of the closed epochs' releases (None for a bounded horizon), as stored."""
+
+    core: Optional[Dict[str, Any]]
+    roots: Optional[Any]
 
 
 class FactorisationMechanism(CounterParameters):
@@ -382,11 +395,8 @@ class FactorisationMechanism(CounterParameters):
         """Plain dict (ints, floats, strings, lists, None) holding everything
         needed to continue; JSON- and pickle-friendly. The noise source is not
         included: a restored mechanism gets its own (:meth:`from_state`)."""
-        return {
-            **self._parameter_state(),
-            "core": None if self._core is None else self._core_to_state(self._core),
-            "roots": None if self._roots is None else self._roots.tolist(),
-        }
+        core = None if self._core is None else self._core_to_state(self._core)
+        return FactorisationState(**self._state_header(), core=core, roots=self._roots).to_state()
 
     @classmethod
     def from_state(cls, state: dict, rng: Any = None) -> "FactorisationMechanism":
@@ -396,7 +406,8 @@ class FactorisationMechanism(CounterParameters):
         a noise source positioned where the original's was, the restored
         mechanism releases exactly what the original would have.
         """
-        mech, t, (core, roots) = restore_parameters(cls, state, rng, ("core", "roots"))
+        mech, t, record = restore_parameters(cls, state, rng, FactorisationState)
+        core, roots = record.core, record.roots
         if mech._horizon is not None:
             if t > mech._horizon:
                 raise ValueError(f"state t={t} exceeds horizon {mech._horizon}")

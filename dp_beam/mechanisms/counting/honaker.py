@@ -14,15 +14,27 @@ Fichtenberger, Henzinger, Upadhyay 2023).
 The privacy argument is ``docs/privacy/counting.md``, C-8 and C-10.
 """
 
+import dataclasses
 import functools
 import math
+from typing import Any
 
 import numpy as np
 
+from ..state import StateRecord
 from .factorisation import FactorisationMechanism
 from .participation import tree_participation_norm
 
-__all__ = ["HonakerTreeMechanism"]
+__all__ = ["HonakerCoreState", "HonakerTreeMechanism"]
+
+
+@dataclasses.dataclass(frozen=True)
+class HonakerCoreState(StateRecord):
+    """The core of a :class:`HonakerTreeMechanism`'s state: the exact and the estimated node
+    sums of the open tree, one row per level (the leaf count is the epoch's step count)."""
+
+    exact: Any
+    est: Any
 
 
 def _trailing_zeros(c):
@@ -154,14 +166,15 @@ class HonakerTreeMechanism(FactorisationMechanism):
 
     @staticmethod
     def _core_to_state(core):
-        return {"exact": core["exact"].tolist(), "est": core["est"].tolist()}
+        return HonakerCoreState(exact=core["exact"], est=core["est"]).to_state()
 
     def _core_from_state(self, plan, data, local):
+        record = HonakerCoreState.from_state(data)
         shape = (plan.levels, self._dim)
         return {
             "count": local,
-            "exact": self._array(data["exact"], shape, "exact"),
-            "est": self._array(data["est"], shape, "est"),
+            "exact": self._array(record.exact, shape, "exact"),
+            "est": self._array(record.est, shape, "est"),
         }
 
     @classmethod

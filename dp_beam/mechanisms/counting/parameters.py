@@ -3,14 +3,15 @@
 All counters of this package take ``(epsilon, sensitivity, horizon, noise,
 delta, dim, rng, calibration)`` and state the same privacy cost for them
 (``docs/privacy/counting.md``, C-4, C-5): the checks, the ρ-zCDP that the
-parameters buy, and the common start of ``from_state`` live here so that the
-tree and the factorisation mechanisms cannot drift apart.
+parameters buy, the record of the state fields they share
+(:class:`CounterState`) and the common start of ``from_state`` live here so
+that the tree and the factorisation mechanisms cannot drift apart.
 """
 
 import dataclasses
 import math
 import numbers
-from typing import Any, Dict, Optional, Sequence, Tuple
+from typing import Any, Dict, Optional, Tuple, Type
 
 import numpy as np
 
@@ -18,11 +19,13 @@ from ...accounting.cost import Cost
 from ..calibration import CALIBRATIONS, gaussian_sigma, rho_from_eps, rho_from_eps_delta
 from ..checks import check_step_index
 from ..noise import NoiseSource, make_noise
+from ..state import StateRecord
 
 __all__ = [
     "NOISE_KINDS",
     "CounterConfig",
     "CounterParameters",
+    "CounterState",
     "check_calibration",
     "check_delta",
     "check_dim",
@@ -215,13 +218,40 @@ class CounterConfig:
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
 
 
-def restore_parameters(cls: type, state: Any, rng: Any, fields: Sequence[str]) -> Tuple[Any, int, list]:
+@dataclasses.dataclass(frozen=True)
+class CounterState(StateRecord):
+    """The leading fields of every counter's state: its name, state version, the fields of its
+    :class:`CounterConfig` (in their order) and the steps consumed.
+
+    A counter's state record derives from this one and adds what its
+    mechanism holds; the values are as the state stores them (checked by
+    :func:`restore_parameters` and the mechanism's ``from_state``).
+    """
+
+    mechanism: str
+    version: int
+    epsilon: float
+    sensitivity: float
+    horizon: Optional[int]
+    noise: str
+    delta: Optional[float]
+    dim: int
+    calibration: str
+    t: int
+
+    def config_kwargs(self) -> Dict[str, Any]:
+        """The :class:`CounterConfig` fields by name: the counter's constructor keywords."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(CounterConfig)}
+
+
+def restore_parameters(cls: type, state: Any, rng: Any, record: Type[CounterState]) -> Tuple[Any, int, Any]:
     """The common start of a continual mechanism's ``from_state``.
 
-    Checks the state's type, mechanism name and version, rebuilds ``cls``
-    from the constructor parameters the state stores (so every parameter is
-    validated again), and returns ``(mechanism, t, [state[f] for f in fields])``
-    with the step count ``t`` checked.
+    Checks the state's type, mechanism name and version, reads it as
+    ``record`` (a :class:`CounterState`; a missing or unknown field raises
+    ``ValueError`` naming it), rebuilds ``cls`` from the constructor
+    parameters the state stores (so every parameter is validated again), and
+    returns ``(mechanism, t, record)`` with the step count ``t`` checked.
     """
     if not isinstance(state, dict):
         raise ValueError(f"state must be a dict, got {type(state).__name__}")
@@ -229,12 +259,9 @@ def restore_parameters(cls: type, state: Any, rng: Any, fields: Sequence[str]) -
         raise ValueError(f"state is not a {cls.name!r} state: mechanism={state.get('mechanism')!r}")
     if state.get("version") != cls.STATE_VERSION:
         raise ValueError(f"unsupported state version {state.get('version')!r}, expected {cls.STATE_VERSION}")
-    try:
-        mech = cls(rng=rng, **{f.name: state[f.name] for f in dataclasses.fields(CounterConfig)})
-        t = state["t"]
-        values = [state[name] for name in fields]
-    except KeyError as err:
-        raise ValueError(f"state is missing field {err.args[0]!r}") from None
+    values = record.from_state(state)
+    mech = cls(rng=rng, **values.config_kwargs())
+    t = values.t
     if isinstance(t, bool) or not isinstance(t, numbers.Integral) or t < 0:
         raise ValueError(f"state t must be an int >= 0, got {t!r}")
     return mech, int(t), values
@@ -328,8 +355,8 @@ class CounterParameters:
         """Number of steps consumed."""
         return self._t
 
-    def _parameter_state(self) -> Dict[str, Any]:
-        """The leading fields of every counter's ``to_state``: its name, state version and
+    def _state_header(self) -> Dict[str, Any]:
+        """The :class:`CounterState` fields of this counter: its name, state version and
         public parameters, and the steps consumed."""
         return {"mechanism": self.name, "version": self.STATE_VERSION, **self._config.to_dict(),
                 "t": self._t}

@@ -12,11 +12,14 @@ or exact node values, so it costs no privacy and adds no ledger entry (AC-5).
   of equal-variance noisy counts, parent = Σ children (C-14, Hay et al. 2010).
 """
 
+import dataclasses
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Union
 
 import numpy as np
 
-__all__ = ["hay_consistency", "isotonic_increasing", "MonotoneRelease"]
+from ..state import StateRecord, state_field
+
+__all__ = ["hay_consistency", "isotonic_increasing", "MonotoneRelease", "MonotoneState"]
 
 
 def isotonic_increasing(values: Sequence[float], weights: Optional[Sequence[float]] = None) -> np.ndarray:
@@ -38,6 +41,21 @@ def isotonic_increasing(values: Sequence[float], weights: Optional[Sequence[floa
         raise ValueError("values must be finite")
     w = None if weights is None else np.asarray(weights, dtype=np.float64)
     return isotonic_regression(y, weights=w, increasing=True).x
+
+
+def _floor_from_state(floor: Any) -> Any:
+    # A vector floor was written as a list; a scalar one (or None) as it was.
+    return np.asarray(floor, dtype=np.float64) if isinstance(floor, list) else floor
+
+
+@dataclasses.dataclass(frozen=True)
+class MonotoneState(StateRecord):
+    """The state of a :class:`MonotoneRelease`: its name, the wrapped mechanism's state and
+    the previous release (None before the first; an array for vector streams)."""
+
+    mechanism: str
+    inner: Dict[str, Any]
+    floor: Any = state_field(decode=_floor_from_state)
 
 
 class MonotoneRelease:
@@ -91,17 +109,15 @@ class MonotoneRelease:
         return self.mechanism.state_size() + int(np.size(self._floor) if self._floor is not None else 0)
 
     def to_state(self) -> Dict[str, Any]:
-        floor = self._floor
-        if isinstance(floor, np.ndarray):
-            floor = floor.tolist()
-        return {"mechanism": "monotone", "inner": self.mechanism.to_state(), "floor": floor}
+        """The wrapped mechanism's state and the floor (:class:`MonotoneState`)."""
+        return MonotoneState("monotone", self.mechanism.to_state(), self._floor).to_state()
 
     @classmethod
     def from_state(cls, state: Dict[str, Any], inner_cls: type, rng: Any = None) -> "MonotoneRelease":
-        floor = state["floor"]
-        if isinstance(floor, list):
-            floor = np.asarray(floor, dtype=np.float64)
-        return cls(inner_cls.from_state(state["inner"], rng=rng), floor)
+        """Rebuild from :meth:`to_state` output; ``inner_cls.from_state`` restores the wrapped
+        mechanism with ``rng``."""
+        record = MonotoneState.from_state(state)
+        return cls(inner_cls.from_state(record.inner, rng=rng), record.floor)
 
 
 def hay_consistency(levels: Sequence[Sequence[float]], k: int = 2) -> List[np.ndarray]:

@@ -10,16 +10,27 @@ of leaves *before* the next used leaf ``l_{t+1}``, which has exactly k nodes
 The privacy argument is ``docs/privacy/counting.md``, C-8 and C-11.
 """
 
+import dataclasses
 import functools
 import math
-from typing import List, Tuple
+from typing import Any, List, Optional, Tuple
 
 import numpy as np
 
+from ..state import StateRecord, state_field
 from .factorisation import FactorisationMechanism
 from .participation import tree_participation_norm
 
-__all__ = ["SmoothBinaryMechanism", "smooth_binary_shape"]
+__all__ = ["SmoothBinaryCoreState", "SmoothBinaryMechanism", "smooth_binary_shape"]
+
+
+@dataclasses.dataclass(frozen=True)
+class SmoothBinaryCoreState(StateRecord):
+    """The core of a :class:`SmoothBinaryMechanism`'s state: the open node sums and the label of
+    the next leaf (None in states written before it was stored: then it is recomputed)."""
+
+    nodes: Any
+    leaf: Optional[int] = state_field(default=None)
 
 
 def _next_same_popcount(v):
@@ -157,10 +168,11 @@ class SmoothBinaryMechanism(FactorisationMechanism):
     def _core_to_state(core):
         # The leaf label is stored: recomputing it walks `local` leaves, which
         # made a restore per step (replay-stable noise) quadratic in the steps.
-        return {"nodes": core["nodes"].tolist(), "leaf": int(core["leaf"])}
+        return SmoothBinaryCoreState(nodes=core["nodes"], leaf=int(core["leaf"])).to_state()
 
     def _core_from_state(self, plan, data, local):
-        leaf = data.get("leaf")
+        record = SmoothBinaryCoreState.from_state(data)
+        leaf = record.leaf
         if leaf is None:
             leaf = plan.first
             for _ in range(local):
@@ -168,7 +180,7 @@ class SmoothBinaryMechanism(FactorisationMechanism):
         elif (isinstance(leaf, bool) or not isinstance(leaf, int) or leaf < plan.first
               or bin(leaf).count("1") != bin(plan.first).count("1")):
             raise ValueError(f"state leaf {leaf!r} is not a leaf of this plan")
-        return {"leaf": leaf, "nodes": self._array(data["nodes"], (plan.height, self._dim), "nodes")}
+        return {"leaf": leaf, "nodes": self._array(record.nodes, (plan.height, self._dim), "nodes")}
 
     @classmethod
     def leaves(cls, horizon: int) -> List[int]:

@@ -10,16 +10,28 @@ factorisation for max error).
 The privacy argument is ``docs/privacy/counting.md``, C-8, C-9 and C-13.
 """
 
+import dataclasses
 import functools
 import math
+from typing import Any
 
 import numpy as np
 
+from ..state import StateRecord
 from .factorisation import FactorisationMechanism
 from .integer_units import dyadic, from_units, round_div_pow2, to_units
 from .participation import toeplitz_participation_norm
 
-__all__ = ["SqrtToeplitzMechanism", "sqrt_toeplitz_coefficients"]
+__all__ = ["SqrtToeplitzCoreState", "SqrtToeplitzMechanism", "sqrt_toeplitz_coefficients"]
+
+
+@dataclasses.dataclass(frozen=True)
+class SqrtToeplitzCoreState(StateRecord):
+    """The core of a :class:`SqrtToeplitzMechanism`'s state: the epoch's inputs in integer units
+    (lists of ints, exact) and their noised values, one row per step of the epoch."""
+
+    units: Any
+    noised: Any
 
 
 def sqrt_toeplitz_coefficients(n: int) -> np.ndarray:
@@ -151,13 +163,12 @@ class SqrtToeplitzMechanism(FactorisationMechanism):
     @staticmethod
     def _core_to_state(core):
         count = core["count"]
-        return {
-            "units": [[int(v) for v in row] for row in core["units"][:count]],
-            "noised": core["noised"][:count].tolist(),
-        }
+        return SqrtToeplitzCoreState(units=[[int(v) for v in row] for row in core["units"][:count]],
+                                     noised=core["noised"][:count]).to_state()
 
     def _core_from_state(self, plan, data, local):
-        units = data.get("units")
+        record = SqrtToeplitzCoreState.from_state(data)
+        units = record.units
         if (not isinstance(units, list) or len(units) != local
                 or any(not isinstance(row, list) or len(row) != self._dim for row in units)
                 or any(isinstance(v, bool) or not isinstance(v, int) for row in units for v in row)):
@@ -168,7 +179,7 @@ class SqrtToeplitzMechanism(FactorisationMechanism):
         core["noised"] = np.zeros((rows, self._dim))
         if local:
             core["units"][:local] = np.array(units, dtype=object).reshape(local, self._dim)
-            core["noised"][:local] = self._array(data["noised"], (local, self._dim), "noised")
+            core["noised"][:local] = self._array(record.noised, (local, self._dim), "noised")
         core["count"] = local
         return core
 

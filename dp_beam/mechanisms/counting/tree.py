@@ -6,6 +6,7 @@ the doubling construction for unbounded streams of
 ``docs/privacy/counting.md``, C-3 to C-7 and C-9.
 """
 
+import dataclasses
 import functools
 import math
 import numbers
@@ -22,16 +23,27 @@ from .intervals import laplace_release_halfwidth
 from .parameters import (
     CounterConfig,
     CounterParameters,
+    CounterState,
     NOISE_KINDS,
     privacy_cost,
     restore_parameters,
 )
 
-__all__ = ["BinaryTreeMechanism", "NOISE_KINDS"]
+__all__ = ["BinaryTreeMechanism", "NOISE_KINDS", "TreeState"]
 
 
 def _trailing_zeros(c):
     return (c & -c).bit_length() - 1
+
+
+@dataclasses.dataclass(frozen=True)
+class TreeState(CounterState):
+    """The state of a :class:`BinaryTreeMechanism`: the counter fields, then the noisy nodes
+    of the open tree (None between epochs of an unbounded stream) and the sum of the closed
+    epochs' roots (None for a bounded horizon), each as stored (arrays written as lists)."""
+
+    nodes: Optional[Any]
+    roots: Optional[Any]
 
 
 @functools.lru_cache(maxsize=256)
@@ -516,11 +528,7 @@ class BinaryTreeMechanism(CounterParameters):
         """Plain dict (ints, floats, strings, lists, None) holding everything
         needed to continue; JSON- and pickle-friendly. The noise source is not
         included: a restored mechanism gets its own (:meth:`from_state`)."""
-        return {
-            **self._parameter_state(),
-            "nodes": None if self._nodes is None else self._nodes.tolist(),
-            "roots": None if self._roots is None else self._roots.tolist(),
-        }
+        return TreeState(**self._state_header(), nodes=self._nodes, roots=self._roots).to_state()
 
     @classmethod
     def from_state(cls, state: dict, rng: Any = None) -> "BinaryTreeMechanism":
@@ -530,7 +538,8 @@ class BinaryTreeMechanism(CounterParameters):
         a noise source positioned where the original's was, the restored
         mechanism releases exactly what the original would have.
         """
-        mech, t, (nodes, roots) = restore_parameters(cls, state, rng, ("nodes", "roots"))
+        mech, t, record = restore_parameters(cls, state, rng, TreeState)
+        nodes, roots = record.nodes, record.roots
         dim = mech._dim
         if mech._horizon is not None:
             if t > mech._horizon:

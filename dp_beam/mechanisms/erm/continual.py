@@ -6,15 +6,27 @@ models from scratch at t = 2^k·B and PBERM updates toward them in between,
 one release per block.
 """
 
-from typing import Optional, Sequence, Tuple
+import dataclasses
+from typing import Any, Dict, Optional, Sequence, Tuple
 
 from ..noise import RngLike
+from ..state import StateRecord
 from .config import ContinualERMConfig
 from .log import BlockLog
 from .record import model_from_state, model_to_state
 from .stream import ERMStream, is_pow2
 
-__all__ = ["ContinualERMMechanism"]
+__all__ = ["ContinualERMMechanism", "ContinualERMState"]
+
+
+@dataclasses.dataclass(frozen=True)
+class ContinualERMState(StateRecord):
+    """The ``dynamic`` part of a :class:`ContinualERMMechanism`'s state: the global and the
+    current model (their dicts, None before the first) and the block the global model covers."""
+
+    fg: Optional[Dict[str, Any]]
+    fc: Optional[Dict[str, Any]]
+    tg: Any
 
 # The signature's defaults are the config's, so the two cannot drift.
 _DEFAULT = ContinualERMConfig
@@ -140,10 +152,11 @@ class ContinualERMMechanism(ERMStream):
         return 1
 
     def _dynamic_state(self):
-        return {"fg": model_to_state(self._fg), "fc": model_to_state(self._fc), "tg": self._tg}
+        return ContinualERMState(model_to_state(self._fg), model_to_state(self._fc), self._tg).to_state()
 
     def _load_dynamic(self, d):
-        self._fg, self._fc, self._tg = model_from_state(d["fg"]), model_from_state(d["fc"]), d["tg"]
+        record = ContinualERMState.from_state(d)
+        self._fg, self._fc, self._tg = model_from_state(record.fg), model_from_state(record.fc), record.tg
 
     def _model_count(self):
         return len({id(m) for m in (self._fg, self._fc) if m is not None})

@@ -6,15 +6,40 @@ window is cut into a base and power-of-two buckets (:func:`sliding_buckets`),
 each bucket's model regularised toward its predecessor in the chain.
 """
 
-from typing import List, Optional, Sequence, Tuple
+import dataclasses
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from ..noise import RngLike
+from ..state import StateRecord, state_field
 from .config import WINDOW_POLICIES, SlidingWindowERMConfig
 from .log import BlockLog
 from .record import ModelRelease
 from .stream import ERMStream
 
-__all__ = ["WINDOW_POLICIES", "SlidingWindowERMMechanism", "sliding_buckets"]
+__all__ = ["WINDOW_POLICIES", "SlidingModelState", "SlidingWindowERMMechanism", "SlidingWindowState",
+           "sliding_buckets"]
+
+
+@dataclasses.dataclass(frozen=True)
+class SlidingModelState(StateRecord):
+    """One model a :class:`SlidingWindowERMMechanism` holds: its bucket key, the release (its
+    dict), the key of the model it extends (None for a fresh one) and its expiry."""
+
+    key: List[int]
+    release: Dict[str, Any]
+    parent: Optional[List[int]]
+    expiry: Any
+
+
+def _models_from_state(models: List[Any]) -> List[SlidingModelState]:
+    return [SlidingModelState.from_state(m) for m in models]
+
+
+@dataclasses.dataclass(frozen=True)
+class SlidingWindowState(StateRecord):
+    """The ``dynamic`` part of a :class:`SlidingWindowERMMechanism`'s state: its models."""
+
+    models: List[SlidingModelState] = state_field(decode=_models_from_state)
 
 # The signature's defaults are the config's, so the two cannot drift.
 _DEFAULT = SlidingWindowERMConfig
@@ -202,14 +227,16 @@ class SlidingWindowERMMechanism(ERMStream):
         return c - self.W + 2
 
     def _dynamic_state(self):
-        return {"models": [{"key": list(k), "release": v["release"].to_dict(),
-                            "parent": None if v["parent"] is None else list(v["parent"]),
-                            "expiry": v["expiry"]} for k, v in self._models.items()]}
+        models = [SlidingModelState(list(k), v["release"].to_dict(),
+                                    None if v["parent"] is None else list(v["parent"]), v["expiry"])
+                  for k, v in self._models.items()]
+        return SlidingWindowState(models).to_state()
 
     def _load_dynamic(self, d):
-        self._models = {tuple(m["key"]): {"release": ModelRelease.from_dict(m["release"]),
-                                          "parent": None if m["parent"] is None else tuple(m["parent"]),
-                                          "expiry": m["expiry"]} for m in d["models"]}
+        self._models = {tuple(m.key): {"release": ModelRelease.from_dict(m.release),
+                                       "parent": None if m.parent is None else tuple(m.parent),
+                                       "expiry": m.expiry}
+                        for m in SlidingWindowState.from_state(d).models}
 
     def _model_count(self):
         return len(self._models)

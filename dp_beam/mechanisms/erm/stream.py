@@ -9,7 +9,8 @@ subclass which models the new block triggers, and serialises a small state
 (:meth:`ERMStream.to_state`) apart from the log.
 """
 
-from typing import TYPE_CHECKING, Any, List, Optional, Tuple
+import dataclasses
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
 
 import numpy as np
 from numpy.typing import ArrayLike
@@ -17,6 +18,7 @@ from numpy.typing import ArrayLike
 from ...accounting.cost import Cost
 from ..calibration import rho_from_eps_delta
 from ..noise import RngLike, make_noise
+from ..state import OMITTED, StateRecord, state_field
 from .log import BlockLog, MemoryBlockLog
 from .perturbation import OutputPerturbation
 from .record import ModelRelease
@@ -24,7 +26,39 @@ from .record import ModelRelease
 if TYPE_CHECKING:  # the config module imports this one (is_pow2)
     from .config import ERMConfig
 
-__all__ = ["ERMStream", "is_pow2"]
+__all__ = ["ERMBlockState", "ERMStream", "ERMStreamState", "is_pow2"]
+
+
+@dataclasses.dataclass(frozen=True)
+class ERMBlockState(StateRecord):
+    """Points and labels: the partial block of a stream's state, or one retained block."""
+
+    X: Any
+    y: Any
+
+
+def _blocks_from_state(blocks: Dict[str, Any]) -> Dict[str, ERMBlockState]:
+    return {b: ERMBlockState.from_state(v) for b, v in blocks.items()}
+
+
+@dataclasses.dataclass(frozen=True)
+class ERMStreamState(StateRecord):
+    """The state of an :class:`ERMStream` (see :meth:`ERMStream.to_state`).
+
+    ``keep`` is optional (states written before it existed); exactly one of
+    ``blocks`` (the retained blocks by index, a self-contained state) and
+    ``log`` (``"external"``: the blocks stay in an engine's log) is written.
+    """
+
+    mechanism: str
+    version: int
+    config: Dict[str, Any]
+    count: int
+    keep: Any = state_field(default=OMITTED, kw_only=True)
+    buffer: ERMBlockState = state_field(decode=ERMBlockState.from_state, kw_only=True)
+    dynamic: Dict[str, Any] = state_field(kw_only=True)
+    blocks: Any = state_field(decode=_blocks_from_state, default=OMITTED, kw_only=True)
+    log: Any = state_field(default=OMITTED, kw_only=True)
 
 
 def is_pow2(n: int) -> bool:
@@ -216,18 +250,15 @@ class ERMStream:
         its own. The state (like the log) holds raw clipped points and must be
         stored like the data.
         """
-        state = {
-            "mechanism": self.name, "version": self.STATE_VERSION, "config": self._config(),
-            "count": self._count, "keep": self._keep,
-            "buffer": {"X": [list(map(float, r)) for r in self._buffer_X], "y": list(self._buffer_y)},
-            "dynamic": self._dynamic_state(),
-        }
+        blocks, log = OMITTED, "external"
         if isinstance(self._log, MemoryBlockLog):
-            state["blocks"] = {str(b): {"X": X.tolist(), "y": y.tolist()}
-                               for b, (X, y) in sorted(self._log.blocks.items())}
-        else:
-            state["log"] = "external"
-        return state
+            blocks = {str(b): ERMBlockState(X, y) for b, (X, y) in sorted(self._log.blocks.items())}
+            log = OMITTED
+        return ERMStreamState(
+            self.name, self.STATE_VERSION, self._config(), self._count, keep=self._keep,
+            buffer=ERMBlockState([np.asarray(r, dtype=np.float64) for r in self._buffer_X],
+                                 list(self._buffer_y)),
+            dynamic=self._dynamic_state(), blocks=blocks, log=log).to_state()
 
     @classmethod
     def from_state(cls, state: dict, rng: RngLike = None,
@@ -243,23 +274,26 @@ class ERMStream:
             raise ValueError(f"state is not a {cls.name!r} state")
         if state.get("version") != cls.STATE_VERSION:
             raise ValueError(f"unsupported state version {state.get('version')!r}")
-        external = state.get("log") == "external"
+        record = ERMStreamState.from_state(state)
+        external = record.log == "external"
         if external and log is None:
             raise ValueError("log is required: this state keeps its blocks in an external log")
+        if not external and record.blocks is OMITTED:
+            raise ValueError("state is missing field 'blocks'")
         try:
-            obj = cls(**state["config"], rng=rng, log=log)
-            obj._count = int(state["count"])
-            obj._buffer_X = [np.asarray(r, dtype=np.float64) for r in state["buffer"]["X"]]
-            obj._buffer_y = [int(v) for v in state["buffer"]["y"]]
+            obj = cls(**record.config, rng=rng, log=log)
+            obj._count = int(record.count)
+            obj._buffer_X = [np.asarray(r, dtype=np.float64) for r in record.buffer.X]
+            obj._buffer_y = [int(v) for v in record.buffer.y]
             if not external:
-                blocks = {int(b): (np.asarray(v["X"], dtype=np.float64).reshape(-1, obj.loss.n_features),
-                                   np.asarray(v["y"], dtype=np.int64)) for b, v in state["blocks"].items()}
+                blocks = {int(b): (np.asarray(v.X, dtype=np.float64).reshape(-1, obj.loss.n_features),
+                                   np.asarray(v.y, dtype=np.int64)) for b, v in record.blocks.items()}
                 for b in sorted(blocks):
                     obj._log.append(b, blocks[b])
             default_keep = min(blocks, default=obj._count + 1) if not external else 1
-            obj._keep = int(state.get("keep", default_keep))
+            obj._keep = int(default_keep if record.keep is OMITTED else record.keep)
             obj._log.release_before(obj._keep)
-            obj._load_dynamic(state["dynamic"])
+            obj._load_dynamic(record.dynamic)
         except KeyError as err:
             raise ValueError(f"state is missing field {err.args[0]!r}") from None
         return obj

@@ -61,12 +61,13 @@ from numpy.typing import ArrayLike
 from ...accounting.cost import Cost
 from ..checks import check_int, check_probability, check_real
 from ..noise import NoiseSource, RngLike, make_noise
+from ..state import StateRecord
 from .common import as_query, growing_cost, harmonic_tail, rho_star
 from .schedulers import add_arrivals
 from .svt import NSG, GrowthNoise, nsg_coefficients
 
-__all__ = ["PMWGParams", "PMWG", "PMWGAnswer", "mix", "mw_update", "project_update", "relative_entropy",
-           "QUERY_BITS", "XI_PAD"]
+__all__ = ["PMWGParams", "PMWG", "PMWGAnswer", "PMWGState", "mix", "mw_update", "project_update",
+           "relative_entropy", "QUERY_BITS", "XI_PAD"]
 
 #: Query entries are multiples of 2^−QUERY_BITS.
 QUERY_BITS = 20
@@ -296,6 +297,23 @@ class PMWGAnswer(NamedTuple):
     within_budget: bool
 
 
+@dataclass(frozen=True)
+class PMWGState(StateRecord):
+    """The state of a :class:`PMWG`: name, parameters (their dict), the budget and clip
+    options, the PRIVATE counts, the synthetic histogram y, the size, the queries answered and
+    the state of its :class:`~.svt.NSG`."""
+
+    mechanism: str
+    params: Dict[str, Any]
+    enforce_budget: bool
+    clip: Any
+    counts: Any
+    y: Any
+    t: int
+    queries: int
+    nsg: Dict[str, Any]
+
+
 class PMWG:
     """Algorithm 3 (growing.md G-8): the public histogram, NSG's easy/hard test and MW updates.
 
@@ -410,19 +428,19 @@ class PMWG:
         return self._nsg.source
 
     def to_state(self) -> Dict[str, Any]:
-        """Everything needed to continue (includes the PRIVATE counts and the SECRET Z: Beam
-        state only, never a release)."""
-        return {"mechanism": self.name, "params": self.params.to_dict(),
-                "enforce_budget": self.enforce_budget, "clip": self.clip,
-                "counts": self.counts.tolist(), "y": self.y.tolist(), "t": self.t,
-                "queries": self.queries, "nsg": self._nsg.to_state()}
+        """Everything needed to continue (:class:`PMWGState`; includes the PRIVATE counts and
+        the SECRET Z: Beam state only, never a release)."""
+        return PMWGState(self.name, self.params.to_dict(), self.enforce_budget, self.clip,
+                         self.counts, self.y, self.t, self.queries, self._nsg.to_state()).to_state()
 
     @classmethod
     def from_state(cls, state: Dict[str, Any], rng: RngLike = None) -> "PMWG":
-        self = cls(PMWGParams(**state["params"]), rng=rng, enforce_budget=state["enforce_budget"],
-                   clip=state["clip"])
-        self.counts = np.asarray(state["counts"], dtype=np.int64)
-        self.y = np.asarray(state["y"], dtype=np.float64)
-        self.t, self.queries = int(state["t"]), int(state["queries"])
-        self._nsg.load_state(state["nsg"])
+        """Rebuild from :meth:`to_state` output; ``rng`` as the constructor's."""
+        record = PMWGState.from_state(state)
+        self = cls(PMWGParams(**record.params), rng=rng, enforce_budget=record.enforce_budget,
+                   clip=record.clip)
+        self.counts = np.asarray(record.counts, dtype=np.int64)
+        self.y = np.asarray(record.y, dtype=np.float64)
+        self.t, self.queries = int(record.t), int(record.queries)
+        self._nsg.load_state(record.nsg)
         return self

@@ -55,10 +55,11 @@ from numpy.typing import ArrayLike
 from ...accounting.cost import Cost
 from ..checks import check_int, check_probability, check_real
 from ..noise import NoiseSource, RngLike, make_noise
+from ..state import StateRecord, optional, state_field
 from .common import EpochTimes, exact_gamma, growing_cost, rho_star
 
-__all__ = ["BlackBox", "Run", "BBSchedulerParams", "BBScheduler", "BBImproverParams",
-           "BBImprover", "add_arrivals"]
+__all__ = ["BlackBox", "Run", "GrowingState", "BBSchedulerState", "BBSchedulerParams", "BBScheduler",
+           "BBImproverParams", "BBImprover", "add_arrivals"]
 
 
 class BlackBox:
@@ -103,10 +104,17 @@ class BlackBox:
                 "output": self.output_kind}
 
 
+def _output_from_state(output: Any) -> Any:
+    # An array output was written as a list; anything else as it was.
+    return np.asarray(output, dtype=np.float64) if isinstance(output, list) else output
+
+
 @dataclass(frozen=True)
-class Run:
+class Run(StateRecord):
     """One black-box run: ``t`` the snapshot size, ``t_epoch`` the epoch start (BBScheduler) or
-    ``t`` (BBImprover), the run's (ε, β, α), its output, and ``pooled`` skipped runs."""
+    ``t`` (BBImprover), the run's (ε, β, α), its output, and ``pooled`` skipped runs.
+
+    It is also the record of the latest run in a scheduler's state (:class:`GrowingState`)."""
     index: int
     epoch: int
     t: int
@@ -114,8 +122,31 @@ class Run:
     epsilon: float
     beta: float
     alpha: float
-    output: Any = field(repr=False, compare=False)
+    output: Any = state_field(decode=_output_from_state, repr=False, compare=False)
     pooled: int = 1
+
+
+@dataclass(frozen=True)
+class GrowingState(StateRecord):
+    """The state of a :class:`BBImprover` (and the start of a :class:`BBScheduler`'s): the
+    PRIVATE counts, the size, the runs so far and the latest, the ledger, ``pool`` and the
+    public schedule's parameters (their dict, as the constructor takes them)."""
+
+    mechanism: str
+    counts: Any
+    t: int
+    runs: int
+    latest: Optional[Run] = state_field(decode=optional(Run.from_state))
+    spent: Dict[str, float] = state_field()
+    pool: bool = state_field()
+    params: Dict[str, Any] = state_field()
+
+
+@dataclass(frozen=True)
+class BBSchedulerState(GrowingState):
+    """The state of a :class:`BBScheduler`: that of :class:`GrowingState`, then the next epoch."""
+
+    next_epoch: int
 
 
 def add_arrivals(counts: np.ndarray, arrivals: Union[int, Mapping[int, int], ArrayLike]) -> int:
@@ -300,30 +331,18 @@ class _Growing:
         self.t += add_arrivals(self.counts, arrivals)
         return self._after(before)
 
-    def _base_state(self):
-        latest = None
-        if self.latest is not None:
-            r = self.latest
-            out = r.output.tolist() if isinstance(r.output, np.ndarray) else r.output
-            latest = dict(index=r.index, epoch=r.epoch, t=r.t, t_epoch=r.t_epoch,
-                          epsilon=r.epsilon, beta=r.beta, alpha=r.alpha, output=out,
-                          pooled=r.pooled)
-        return {"mechanism": self.name, "counts": self.counts.tolist(), "t": self.t,
-                "runs": self.runs, "latest": latest, "spent": dict(self.spent), "pool": self.pool}
+    def _state_fields(self) -> Dict[str, Any]:
+        """The :class:`GrowingState` fields of this scheduler but its parameters."""
+        return {"mechanism": self.name, "counts": self.counts, "t": self.t, "runs": self.runs,
+                "latest": self.latest, "spent": self.spent, "pool": self.pool}
 
-    def _load(self, state):
-        self.counts = np.asarray(state["counts"], dtype=np.int64)
-        self.t = int(state["t"])
-        self.runs = int(state["runs"])
-        self.spent = dict(state["spent"])
-        latest = state["latest"]
-        if latest is not None:
-            out = latest["output"]
-            if isinstance(out, list):
-                out = np.asarray(out, dtype=np.float64)
-            self.latest = Run(latest["index"], latest["epoch"], latest["t"], latest["t_epoch"],
-                              latest["epsilon"], latest["beta"], latest["alpha"], out,
-                              latest["pooled"])
+    def _load(self, record: GrowingState) -> None:
+        self.counts = np.asarray(record.counts, dtype=np.int64)
+        self.t = int(record.t)
+        self.runs = int(record.runs)
+        self.spent = dict(record.spent)
+        if record.latest is not None:
+            self.latest = record.latest
 
 
 class BBScheduler(_Growing):
@@ -369,23 +388,26 @@ class BBScheduler(_Growing):
         return self.params.privacy_cost()
 
     def to_state(self) -> Dict[str, Any]:
-        state = self._base_state()
+        """Everything needed to continue (:class:`BBSchedulerState`; the counts are PRIVATE);
+        γ is stored exactly (a Fraction), not rounded."""
         params = _dataclass_state(self.params)
         params.pop("gamma_formula")
         params.pop("gamma_exact")
         params["gamma"] = self.params.gamma_exact
-        state.update(params=params, next_epoch=self.next_epoch)
-        return state
+        return BBSchedulerState(**self._state_fields(), params=params,
+                                next_epoch=self.next_epoch).to_state()
 
     @classmethod
     def from_state(cls, state: Dict[str, Any], black_box: BlackBox,
                    rng: RngLike = None) -> "BBScheduler":
-        prm = dict(state["params"])
+        """Rebuild from :meth:`to_state` output around ``black_box``; ``rng`` as the constructor's."""
+        record = BBSchedulerState.from_state(state)
+        prm = dict(record.params)
         prm["gamma"] = float(prm["gamma"])
         prm.pop("p"), prm.pop("g")
-        self = cls(black_box, rng=rng, pool=state["pool"], **prm)
-        self._load(state)
-        self.next_epoch = int(state["next_epoch"])
+        self = cls(black_box, rng=rng, pool=record.pool, **prm)
+        self._load(record)
+        self.next_epoch = int(record.next_epoch)
         return self
 
 
@@ -502,16 +524,16 @@ class BBImprover(_Growing):
         return self.params.privacy_cost()
 
     def to_state(self) -> Dict[str, Any]:
-        state = self._base_state()
-        params = _dataclass_state(self.params)
-        state.update(params=params)
-        return state
+        """Everything needed to continue (:class:`GrowingState`; the counts are PRIVATE)."""
+        return GrowingState(**self._state_fields(), params=_dataclass_state(self.params)).to_state()
 
     @classmethod
     def from_state(cls, state: Dict[str, Any], black_box: BlackBox,
                    rng: RngLike = None) -> "BBImprover":
-        prm = dict(state["params"])
+        """Rebuild from :meth:`to_state` output around ``black_box``; ``rng`` as the constructor's."""
+        record = GrowingState.from_state(state)
+        prm = dict(record.params)
         prm.pop("p"), prm.pop("g")
-        self = cls(black_box, rng=rng, pool=state["pool"], **prm)
-        self._load(state)
+        self = cls(black_box, rng=rng, pool=record.pool, **prm)
+        self._load(record)
         return self

@@ -40,15 +40,16 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from fractions import Fraction
-from typing import Callable, Dict, Iterable, NamedTuple, Optional
+from typing import Any, Callable, Dict, Iterable, NamedTuple, Optional
 
 from ...accounting.cost import Cost
 from ..checks import check_int, check_real
 from ..noise import NoiseSource, RngLike, make_noise
+from ..state import StateRecord, optional, state_field
 from .common import fine_grid_exponent, grid_laplace_exact, growing_cost, rho_star
 
-__all__ = ["GrowthNoise", "SVTAnswer", "ATG", "NATG", "NSG", "LaplaceG", "nsg_privacy_cost",
-           "nsg_coefficients", "Z_EXPONENT"]
+__all__ = ["GrowthNoise", "SVTAnswer", "ATG", "NATG", "NSG", "NSGRoundState", "NSGState", "LaplaceG",
+           "nsg_privacy_cost", "nsg_coefficients", "Z_EXPONENT"]
 
 #: Z ~ Lap(1) is drawn on the grid 2^Z_EXPONENT.
 Z_EXPONENT = -100
@@ -233,6 +234,33 @@ class NATG(ATG):
         return cost
 
 
+def _fraction_from_state(z: Any) -> Fraction:
+    return Fraction(*z)
+
+
+@dataclass(frozen=True)
+class NSGRoundState(StateRecord):
+    """The open round of an :class:`NSG`: its start, whether it halted, and its SECRET
+    threshold noise Z as ``(numerator, denominator)`` (None before it is drawn)."""
+
+    start: Any
+    halted: bool
+    z: Optional[Any] = state_field(decode=optional(_fraction_from_state))
+
+
+@dataclass(frozen=True)
+class NSGState(StateRecord):
+    """The state of an :class:`NSG`: the hard queries, rounds, abort flag and the realised
+    cost sums (Σφ, Σφ²), then the open round."""
+
+    hard: int
+    rounds: int
+    aborted: bool
+    sum_phi: float
+    sum_phi_square: float
+    round: NSGRoundState = state_field(decode=NSGRoundState.from_state)
+
+
 class NSG:
     """NumericSparse for Growing databases (growing.md G-7, Theorems 29, 31): NATG rounds forever.
 
@@ -304,19 +332,21 @@ class NSG:
         return self._k["D_n"] * self.noise.phi(self.noise.n) ** 2 + self._k["D_e"] * self.sum_phi_square
 
     def to_state(self) -> Dict:
+        """Everything needed to continue (:class:`NSGState`; Z is SECRET: Beam state only)."""
         r = self._round
         z = None if r._z is None else (r._z.numerator, r._z.denominator)
-        return {"hard": self.hard, "rounds": self.rounds, "aborted": self.aborted,
-                "sum_phi": self.sum_phi, "sum_phi_square": self.sum_phi_square,
-                "round": {"start": r.start, "halted": r.halted, "z": z}}
+        return NSGState(self.hard, self.rounds, self.aborted, self.sum_phi, self.sum_phi_square,
+                        NSGRoundState(r.start, r.halted, z)).to_state()
 
     def load_state(self, state: Dict) -> None:
-        self.hard, self.rounds = int(state["hard"]), int(state["rounds"])
-        self.aborted = bool(state["aborted"])
-        self.sum_phi, self.sum_phi_square = float(state["sum_phi"]), float(state["sum_phi_square"])
-        r = state["round"]
-        self._round.start, self._round.halted = r["start"], bool(r["halted"])
-        self._round._z = None if r["z"] is None else Fraction(*r["z"])
+        """Continue from :meth:`to_state` output (the noise source is kept)."""
+        record = NSGState.from_state(state)
+        self.hard, self.rounds = int(record.hard), int(record.rounds)
+        self.aborted = bool(record.aborted)
+        self.sum_phi, self.sum_phi_square = float(record.sum_phi), float(record.sum_phi_square)
+        r = record.round
+        self._round.start, self._round.halted = r.start, bool(r.halted)
+        self._round._z = r.z
 
 
 class LaplaceG:

@@ -2,14 +2,33 @@
 :mod:`.sparse_vector`; K-8 in ``docs/privacy/key_selection.md``): one admission, then the test
 stops; until then every step is consumed."""
 
-from typing import TYPE_CHECKING, Optional
+import dataclasses
+from typing import TYPE_CHECKING, Any, Dict, Optional
 
 from ..checks import check_int
+from ..state import StateRecord
 
 if TYPE_CHECKING:
     from .selection import KeySelection
 
-__all__ = ["KeyTest"]
+__all__ = ["KeyState", "KeyTest"]
+
+
+@dataclasses.dataclass(frozen=True)
+class KeyState(StateRecord):
+    """The leading fields of a per-key mechanism's state: its name and state version, the
+    parameters of the selection that made it, the steps consumed and the admission step
+    (None before admission). Each method's record adds what it holds."""
+
+    mechanism: str
+    version: int
+    epsilon: float
+    delta: float
+    max_keys_per_unit: int
+    noise: str
+    horizon: Optional[int]
+    t: int
+    admitted: Optional[int]
 
 
 class KeyTest:
@@ -40,7 +59,8 @@ class KeyTest:
             raise ValueError(f"horizon exceeded: horizon is {horizon}, step {self._t + 1} requested")
         return new_units
 
-    def _parameters_state(self):
+    def _state_header(self) -> Dict[str, Any]:
+        """The :class:`KeyState` fields of this mechanism."""
         sel = self._selection
         return {"mechanism": self.name, "version": self.STATE_VERSION,
                 "epsilon": sel.epsilon, "delta": sel.delta,

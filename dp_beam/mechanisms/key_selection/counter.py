@@ -91,15 +91,24 @@ is K-8.
    like the data.
 """
 
+import dataclasses
 from typing import TYPE_CHECKING, Any, Dict, Optional
 
 from ..counting.tree import BinaryTreeMechanism
-from .base import KeyTest
+from .base import KeyState, KeyTest
 
 if TYPE_CHECKING:
     from .selection import KeySelection
 
-__all__ = ["KeyCounter"]
+__all__ = ["KeyCounter", "KeyCounterState"]
+
+
+@dataclasses.dataclass(frozen=True)
+class KeyCounterState(KeyState):
+    """The state of a :class:`KeyCounter`: the key fields, then its tree's state (None once
+    the key is admitted: the counter drops it, claim 9)."""
+
+    tree: Optional[Dict[str, Any]]
 
 
 class KeyCounter(KeyTest):
@@ -116,6 +125,7 @@ class KeyCounter(KeyTest):
 
     name = "key_selection"
     STATE_VERSION = 1
+    STATE_RECORD = KeyCounterState
 
     def __init__(self, selection: "KeySelection", tree: Optional[BinaryTreeMechanism],
                  t: Optional[int] = None, admitted: Optional[int] = None) -> None:
@@ -143,10 +153,8 @@ class KeyCounter(KeyTest):
 
     def to_state(self) -> Dict[str, Any]:
         """Plain dict (JSON- and pickle-friendly); restore with :meth:`KeySelection.restore`."""
-        return {
-            **self._parameters_state(),
-            "tree": None if self._tree is None else self._tree.to_state(),
-        }
+        tree = None if self._tree is None else self._tree.to_state()
+        return KeyCounterState(**self._state_header(), tree=tree).to_state()
 
     def __repr__(self) -> str:
         return f"KeyCounter(t={self._t}, admitted={self._admitted!r}, selection={self._selection!r})"

@@ -366,24 +366,20 @@ class KeySelection:
         if state.get("version") != cls.STATE_VERSION:
             raise ValueError(
                 f"unsupported state version {state.get('version')!r}, expected {cls.STATE_VERSION}")
-        fields = ("t", "admitted", "count", "offset") if cls is KeySparseVector else ("t", "admitted", "tree")
-        try:
-            params = {name: state[name] for name in self._PARAMS}
-            values = {name: state[name] for name in fields}
-        except KeyError as err:
-            raise ValueError(f"state is missing field {err.args[0]!r}") from None
+        record = cls.STATE_RECORD.from_state(state)
+        params = {name: getattr(record, name) for name in self._PARAMS}
         mine = {name: getattr(self, name) for name in self._PARAMS}
         if params != mine:
             raise ValueError(f"state was made by a different selection: {params} != {mine}")
-        t = check_int("state t", values["t"], 0)
-        admitted = values["admitted"]
+        t = check_int("state t", record.t, 0)
+        admitted = record.admitted
         if admitted is not None:
             # A key's mechanism stops at admission, so its t is the admission step.
             if isinstance(admitted, bool) or not isinstance(admitted, numbers.Integral) or admitted != t or t < 1:
                 raise ValueError(f"state admitted must be None or equal to t={t}, got {admitted!r}")
         if cls is KeySparseVector:
-            return self._restore_sparse_vector(t, admitted, values["count"], values["offset"], rng)
-        tree_state = values["tree"]
+            return self._restore_sparse_vector(t, admitted, record.count, record.offset, rng)
+        tree_state = record.tree
         if admitted is not None:
             if tree_state is not None:
                 raise ValueError("state of an admitted key must not hold a tree")

@@ -108,15 +108,25 @@ are K-3, 13–14 are K-5, 15 is K-6, 16 is K-7 and 17 is K-8.
     both secret: store it like the data. Only admission steps are released.
 """
 
+import dataclasses
 from typing import TYPE_CHECKING, Any, Dict, Optional
 
 from ..noise import NoiseSource
-from .base import KeyTest
+from .base import KeyState, KeyTest
 
 if TYPE_CHECKING:
     from .selection import KeySelection
 
-__all__ = ["KeySparseVector"]
+__all__ = ["KeySparseVector", "KeySparseVectorState"]
+
+
+@dataclasses.dataclass(frozen=True)
+class KeySparseVectorState(KeyState):
+    """The state of a :class:`KeySparseVector`: the key fields, then its exact count and its
+    threshold offset ρ (both None once the key is admitted, claim 17)."""
+
+    count: Optional[int]
+    offset: Optional[float]
 
 
 class KeySparseVector(KeyTest):
@@ -133,6 +143,7 @@ class KeySparseVector(KeyTest):
 
     name = "key_selection_sparse_vector"
     STATE_VERSION = 1
+    STATE_RECORD = KeySparseVectorState
 
     def __init__(self, selection: "KeySelection", source: Optional[NoiseSource], t: int,
                  count: Optional[int] = None, offset: Optional[float] = None,
@@ -169,11 +180,8 @@ class KeySparseVector(KeyTest):
 
     def to_state(self) -> Dict[str, Any]:
         """Plain dict (JSON- and pickle-friendly); restore with :meth:`KeySelection.restore`."""
-        return {
-            **self._parameters_state(),
-            "count": self._count,
-            "offset": self._offset,
-        }
+        return KeySparseVectorState(**self._state_header(), count=self._count,
+                                    offset=self._offset).to_state()
 
     def __repr__(self) -> str:
         return f"KeySparseVector(t={self._t}, admitted={self._admitted!r}, selection={self._selection!r})"

@@ -51,11 +51,12 @@ from ..checks import check_delta, check_epsilon, check_int, check_real
 from ..erm import NOISE_KINDS, OutputPerturbation
 from ..noise import RngLike, make_noise
 from ..noise_grid import round_to_grid
+from ..state import StateRecord, float_array, state_field
 from .base import RegressionRelease, StepMixin
 from .constraints import Constraint, ConstrainedParams, L2Ball, check_constraint
 from .moments import smat, svec_dim
 
-__all__ = ["PrivIncERMParams", "PrivIncERM", "SquaredLoss", "RidgeOutputPerturbation",
+__all__ = ["PrivIncERMParams", "PrivIncERM", "PrivIncERMState", "SquaredLoss", "RidgeOutputPerturbation",
            "per_run_budget", "advanced_composition", "default_tau", "default_lambda"]
 
 
@@ -184,6 +185,24 @@ class PrivIncERMParams(ConstrainedParams):
         return per_run_budget(self.epsilon, self.delta, self.runs)[1]
 
 
+@dataclass(frozen=True)
+class PrivIncERMState(StateRecord):
+    """The state of a :class:`PrivIncERM`: name, version, parameters (their dict), steps,
+    records and the step of the last fit, the running sums (svec Gram and Xᵀy), the model and
+    its noise std."""
+
+    mechanism: str
+    version: int
+    params: Dict[str, Any]
+    t: int
+    n: int
+    last: int
+    gram: np.ndarray = state_field(decode=float_array)
+    xy: np.ndarray = state_field(decode=float_array)
+    theta: np.ndarray = state_field(decode=float_array)
+    std: float = state_field()
+
+
 class PrivIncERM(StepMixin):
     """Mechanism PrivIncERM of seed 002 over ridge output perturbation (regression.md R-8).
 
@@ -276,10 +295,12 @@ class PrivIncERM(StepMixin):
         return int(self._gram.size + self._xy.size + self._theta.size + 4)
 
     def to_state(self) -> dict:
-        return {"mechanism": self.name, "version": self.STATE_VERSION,
-                "params": self.params.to_dict(), "t": self._t, "n": self._n, "last": self._last,
-                "gram": self._gram.tolist(), "xy": self._xy.tolist(),
-                "theta": self._theta.tolist(), "std": self._std}
+        """Plain dict (:class:`PrivIncERMState`): parameters, counts, the exact sums and the
+        last model; the sums are private (store the state like the data)."""
+        return PrivIncERMState(mechanism=self.name, version=self.STATE_VERSION,
+                               params=self.params.to_dict(), t=self._t, n=self._n, last=self._last,
+                               gram=self._gram, xy=self._xy, theta=self._theta,
+                               std=self._std).to_state()
 
     @classmethod
     def from_state(cls, state: Dict[str, Any], rng: RngLike = None,
@@ -289,14 +310,15 @@ class PrivIncERM(StepMixin):
         if state.get("version") != cls.STATE_VERSION:
             raise ValueError(f"unsupported state version {state.get('version')!r}")
         try:
-            mech = cls(PrivIncERMParams.from_dict(state["params"]), rng=rng, batch=batch)
-            mech._t = check_int("state t", state["t"], minimum=0)
-            mech._n = check_int("state n", state["n"], minimum=0)
-            mech._last = check_int("state last", state["last"], minimum=0)
-            mech._gram = np.asarray(state["gram"], dtype=np.float64).reshape(svec_dim(mech.dim))
-            mech._xy = np.asarray(state["xy"], dtype=np.float64).reshape(mech.dim)
-            mech._theta = np.asarray(state["theta"], dtype=np.float64).reshape(mech.dim)
-            mech._std = float(state["std"])
+            record = PrivIncERMState.from_state(state)
+            mech = cls(PrivIncERMParams.from_dict(record.params), rng=rng, batch=batch)
+            mech._t = check_int("state t", record.t, minimum=0)
+            mech._n = check_int("state n", record.n, minimum=0)
+            mech._last = check_int("state last", record.last, minimum=0)
+            mech._gram = record.gram.reshape(svec_dim(mech.dim))
+            mech._xy = record.xy.reshape(mech.dim)
+            mech._theta = record.theta.reshape(mech.dim)
+            mech._std = float(record.std)
         except (KeyError, TypeError) as err:
             raise ValueError(f"state is invalid: {err!r}") from None
         return mech

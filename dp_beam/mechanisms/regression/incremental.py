@@ -85,13 +85,15 @@ from numpy.typing import ArrayLike
 from ...accounting.cost import Cost
 from ..checks import check_delta, check_epsilon, check_int, check_probability, check_real
 from ..noise import RngLike, ZeroNoise, make_noise
+from ..state import StateRecord
 from .base import RegressionRelease, StepMixin
 from .constraints import Constraint, ConstrainedParams, L2Ball, check_constraint
 from .moments import COUNTERS, SPLITS, NoisyMoments
 from .solvers import (gradient_error_bound, lift, noisy_proj_grad, npg_schedule, psd_part,
                       solve_quadratic)
 
-__all__ = ["SOLVERS", "PrivIncReg1Params", "PrivIncReg1", "PrivIncReg2Params", "PrivIncReg2",
+__all__ = ["SOLVERS", "IncrementalState", "PrivIncReg1Params", "PrivIncReg1", "PrivIncReg2Params",
+           "PrivIncReg2", "PrivIncReg2State",
            "projection_dim", "project_features"]
 
 #: Solvers of the noisy quadratic (post-processing): the exact QP (default) or 002's NoisyProjGrad.
@@ -139,6 +141,26 @@ class PrivIncReg1Params(ConstrainedParams):
             raise ValueError(f"split must be one of {SPLITS}, got {self.split!r}")
         object.__setattr__(self, "beta", check_probability("beta", self.beta))
         object.__setattr__(self, "max_iterations", check_int("max_iterations", self.max_iterations))
+
+
+@dataclass(frozen=True)
+class IncrementalState(StateRecord):
+    """The state of a :class:`PrivIncReg1`: name, version, parameters (their dict), the number
+    of records and the state of its :class:`~.moments.NoisyMoments`."""
+
+    mechanism: str
+    version: int
+    params: Dict[str, Any]
+    n: int
+    moments: Dict[str, Any]
+
+
+@dataclass(frozen=True)
+class PrivIncReg2State(IncrementalState):
+    """The state of a :class:`PrivIncReg2`: that of PrivIncReg1, then the public projection Φ
+    (written as lists; the constructor checks it)."""
+
+    projection: Any
 
 
 class _Incremental(StepMixin):
@@ -216,29 +238,34 @@ class _Incremental(StepMixin):
         """Floats in the state: the counters' (independent of t for BLT; h·D for the tree)."""
         return self._moments.state_size()
 
+    STATE_RECORD = IncrementalState
+
     def _state_extra(self) -> dict:
         return {}
 
     def to_state(self) -> dict:
-        """Plain dict: parameters, n and the counters' states (no raw record is kept)."""
-        return {"mechanism": self.name, "version": self.STATE_VERSION,
-                "params": self.params.to_dict(), "n": self._n,
-                "moments": self._moments.to_state(), **self._state_extra()}
+        """Plain dict (:attr:`STATE_RECORD`): parameters, n and the counters' states (no raw
+        record is kept)."""
+        return self.STATE_RECORD(mechanism=self.name, version=self.STATE_VERSION,
+                                 params=self.params.to_dict(), n=self._n,
+                                 moments=self._moments.to_state(), **self._state_extra()).to_state()
 
     @classmethod
     def _check_state(cls, state):
+        """``(params, record)`` of a state of this class; ``ValueError`` if it is not one."""
         if not isinstance(state, dict) or state.get("mechanism") != cls.name:
             raise ValueError(f"state is not a {cls.name!r} state")
         if state.get("version") != cls.STATE_VERSION:
             raise ValueError(f"unsupported state version {state.get('version')!r}")
+        record = cls.STATE_RECORD.from_state(state)
         try:
-            return cls.params_cls.from_dict(state["params"])
+            return cls.params_cls.from_dict(record.params), record
         except (KeyError, TypeError) as err:
             raise ValueError(f"state params are invalid: {err!r}") from None
 
-    def _restore(self, state):
-        self._moments.load_state(state["moments"], rng=self._moments.source)
-        self._n = check_int("state n", state["n"], minimum=0)
+    def _restore(self, record):
+        self._moments.load_state(record.moments, rng=self._moments.source)
+        self._n = check_int("state n", record.n, minimum=0)
 
 
 class PrivIncReg1(_Incremental):
@@ -276,8 +303,9 @@ class PrivIncReg1(_Incremental):
     @classmethod
     def from_state(cls, state: Dict[str, Any], rng: RngLike = None) -> "PrivIncReg1":
         """Rebuild from :meth:`to_state` output; the next draws come from ``rng``."""
-        mech = cls(cls._check_state(state), rng=rng)
-        mech._restore(state)
+        params, record = cls._check_state(state)
+        mech = cls(params, rng=rng)
+        mech._restore(record)
         return mech
 
 
@@ -411,16 +439,15 @@ class PrivIncReg2(_Incremental):
         theta = lift(phi, phi @ theta_c, C)
         return theta, alpha, work
 
+    STATE_RECORD = PrivIncReg2State
+
     def _state_extra(self):
-        return {"projection": self._phi.tolist()}
+        return {"projection": self._phi}
 
     @classmethod
     def from_state(cls, state: Dict[str, Any], rng: RngLike = None) -> "PrivIncReg2":
-        params = cls._check_state(state)
-        try:
-            phi = state["projection"]
-        except KeyError:
-            raise ValueError("state is missing field 'projection'") from None
-        mech = cls(params, rng=rng, projection=phi)
-        mech._restore(state)
+        """Rebuild from :meth:`to_state` output; the next draws come from ``rng``."""
+        params, record = cls._check_state(state)
+        mech = cls(params, rng=rng, projection=record.projection)
+        mech._restore(record)
         return mech

@@ -59,6 +59,7 @@ Example (a test seed; production leaves ``rng=None``):
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 from typing import Any, Dict, Optional, Tuple
@@ -71,9 +72,11 @@ from ..calibration import CALIBRATIONS, gaussian_sigma, rho_from_eps_delta
 from ..checks import check_int
 from ..noise import RngLike, make_noise
 from ..counting.registry import get_mechanism
+from ..state import StateRecord
 
 __all__ = [
     "COUNTERS",
+    "MomentsState",
     "SPLITS",
     "POINT_GRID_EXPONENT",
     "svec_dim",
@@ -223,6 +226,14 @@ def treemech_sigma(sensitivity: float, horizon: int, epsilon: float, delta: floa
     return sensitivity * math.sqrt(levels) * math.sqrt(2.0 * math.log(1.25 / delta)) / epsilon
 
 
+@dataclasses.dataclass(frozen=True)
+class MomentsState(StateRecord):
+    """The state of a :class:`NoisyMoments`: the states of its two counters."""
+
+    gram: Dict[str, Any]
+    xy: Dict[str, Any]
+
+
 class NoisyMoments:
     """Noisy running ``Q_t = Σ_{s<=t} svec(z zᵀ)`` and ``q_t = Σ_{s<=t} z·y`` (Gaussian noise).
 
@@ -316,7 +327,8 @@ class NoisyMoments:
         return int(self._gram.state_size() + self._xy.state_size())
 
     def to_state(self) -> dict:
-        return {"gram": self._gram.to_state(), "xy": self._xy.to_state()}
+        """The counters' states (:class:`MomentsState`)."""
+        return MomentsState(gram=self._gram.to_state(), xy=self._xy.to_state()).to_state()
 
     def set_noise_source(self, rng: RngLike) -> None:
         """Draw all later noise from ``rng``: ``load_state(to_state(), rng)`` without the round trip."""
@@ -328,9 +340,10 @@ class NoisyMoments:
         """Restore the counters from :meth:`to_state` output, drawing from ``rng`` next."""
         self.source = make_noise(rng)
         cls = get_mechanism(self.counter)
+        record = MomentsState.from_state(state)
         try:
-            self._gram = cls.from_state(state["gram"], rng=self.source)
-            self._xy = cls.from_state(state["xy"], rng=self.source)
+            self._gram = cls.from_state(record.gram, rng=self.source)
+            self._xy = cls.from_state(record.xy, rng=self.source)
         except (KeyError, TypeError) as err:
             raise ValueError(f"moments state is invalid: {err!r}") from None
         if self._gram.dim != svec_dim(self.dim) or self._xy.dim != self.dim:
