@@ -56,52 +56,63 @@ def _forwarded(arguments, *positional):
 # Float addition is not associative, so a float running sum depends on the
 # order the runner delivers a step's values and merges its partial sums, and
 # a retried bundle could release a different total with the same noise. The
-# values are summed exactly instead: every finite float is an integer multiple
-# of 2^-1074, so the sum in those units is a Python int whatever the order.
-_UNIT_BITS = 1074
+# values are summed exactly instead: every finite float is n·2^e for integers
+# n and e (e >= -1074), so a sum is held as (n, e), aligned to the smaller
+# exponent at each addition: the represented number is the exact sum in any
+# order, and its correctly rounded float is the same bits. The integers stay
+# as small as the values' own binary digits need (a fixed unit of 2^-1074
+# would make every accumulator a 1,100-bit integer to add, encode and group).
 
 
-def _units(value: float) -> int:
-    """``value`` as an exact integer multiple of 2^-1074."""
+def _dyadic(value: float) -> Tuple[int, int]:
+    """``(n, e)`` with ``value == n·2^e`` exactly (``e <= 0``)."""
     numerator, denominator = float(value).as_integer_ratio()
-    return numerator << (_UNIT_BITS + 1 - denominator.bit_length())
+    return numerator, 1 - denominator.bit_length()
 
 
-def _from_units(units: int) -> float:
-    """The float nearest to ``units``·2^-1074 (int division rounds correctly); ±inf beyond range."""
+def _add_dyadic(n1: int, e1: int, n2: int, e2: int) -> Tuple[int, int]:
+    """``n1·2^e1 + n2·2^e2`` exactly, as ``(n, min(e1, e2))``."""
+    if e1 <= e2:
+        return n1 + (n2 << (e2 - e1)), e1
+    return (n1 << (e1 - e2)) + n2, e2
+
+
+def _dyadic_float(n: int, e: int) -> float:
+    """The float nearest to ``n·2^e`` (int division rounds correctly); ±inf beyond range."""
     try:
-        return units / (1 << _UNIT_BITS)
+        return n / (1 << -e)
     except OverflowError:
-        return math.inf if units > 0 else -math.inf
+        return math.inf if n > 0 else -math.inf
 
 
 class _SumCount(beam.CombineFn):
     """(sum of values, number of events) of one step; the sum is exact, so it does not
-    depend on the order of the values or of the merges (the accumulator is in units of
-    2^-1074, the output the correctly rounded float)."""
+    depend on the order of the values or of the merges (the accumulator is ``(n, e,
+    count)`` for the sum n·2^e, the output the correctly rounded float)."""
 
     def create_accumulator(self):
-        return (0, 0)
+        return (0, 0, 0)
 
     def add_input(self, acc, value):
-        return (acc[0] + _units(value), acc[1] + 1)
+        n, e = _add_dyadic(acc[0], acc[1], *_dyadic(value))
+        return (n, e, acc[2] + 1)
 
     def add_inputs(self, acc, values):
-        units, n = acc
+        n, e, count = acc
         for value in values:
-            units += _units(value)
-            n += 1
-        return (units, n)
+            n, e = _add_dyadic(n, e, *_dyadic(value))
+            count += 1
+        return (n, e, count)
 
     def merge_accumulators(self, accs):
-        units, n = 0, 0
-        for u, c in accs:
-            units += u
-            n += c
-        return (units, n)
+        n, e, count = 0, 0, 0
+        for an, ae, c in accs:
+            n, e = _add_dyadic(n, e, an, ae)
+            count += c
+        return (n, e, count)
 
     def extract_output(self, acc):
-        return (_from_units(acc[0]), acc[1])
+        return (_dyadic_float(acc[0], acc[1]), acc[2])
 
 
 class _CountSteps(beam.CombineFn):

@@ -173,6 +173,25 @@ def event_seconds(value: Any) -> Tuple[Optional[float], Optional[str]]:
     return ts, None
 
 
+def _first_time_of(schedule, step):
+    """The least float time (seconds) that ``schedule.step_of`` puts at ``step`` or after.
+
+    ``step_of`` rounds to whole microseconds, so the step starts half a
+    microsecond before its first second; the search steps float by float from
+    there (a few floats at most; after 64 it returns where it is, which the
+    caller's check of the bounds then rejects or accepts).
+    """
+    t = (step * schedule.step_micros - 0.5) / 1e6
+    for _ in range(64):
+        if schedule.step_of(t) < step:
+            t = math.nextafter(t, math.inf)
+        elif schedule.step_of(math.nextafter(t, -math.inf)) >= step:
+            t = math.nextafter(t, -math.inf)
+        else:
+            break
+    return t
+
+
 def check_callable(name: str, fn: Optional[Callable[..., Any]],
                    required: bool = False) -> Optional[Callable[..., Any]]:
     """``fn`` if callable (or ``None`` when optional); else ``ValueError`` naming ``name``."""
@@ -225,6 +244,7 @@ class ValidatingDoFn(beam.DoFn):
         self._side_keys = None
         self._invalid = Metrics.counter(NAMESPACE, f"{transform}.invalid")
         self._transient_count = Metrics.counter(NAMESPACE, f"{transform}.transient_errors")
+        self._time_lo, self._time_hi = self._accepted_times()
 
     def _reject(self, element, reason, timestamp=None):
         """The dead letter of ``element`` (``timestamp``: its Beam timestamp, part of its id)."""
@@ -236,11 +256,24 @@ class ValidatingDoFn(beam.DoFn):
         """``(fn(element), None)``, or ``(None, reason)`` for a data error; re-raises transient ones."""
         try:
             return fn(element), None
-        except self._transient:
+        except BaseException as e:
+            return None, self._data_error(name, e)
+
+    def _data_error(self, name, error):
+        """The reason of ``error``, raised by user function ``name``, when it is a data error.
+
+        A transient error (counted) and anything that is no ``Exception``
+        (``KeyboardInterrupt``) are re-raised instead, by a bare ``raise``: call
+        it from the ``except`` clause that caught ``error``. The one rule of
+        :meth:`_call` and of the per-event stages that call a user function inline.
+        """
+        if isinstance(error, self._transient):
             self._transient_count.inc()
             raise
-        except Exception as e:  # a data error in a user function must not kill the job
-            return None, f"{name} raised {type(e).__name__}: {e}"
+        if not isinstance(error, Exception):
+            raise
+        # A data error in a user function must not kill the job.
+        return f"{name} raised {type(error).__name__}: {error}"
 
     def _features(self, fn, dim, element):
         """``(list of dim floats, None)`` from ``fn(element)``, or ``(None, reason)``.
@@ -268,20 +301,47 @@ class ValidatingDoFn(beam.DoFn):
         return features, None
 
     def _event_time(self, element, timestamp):
-        """``(seconds, None)``, or ``(None, reason)`` when the event time is unusable."""
-        if self._timestamp_fn is not None:
-            raw, err = self._call("timestamp_fn", self._timestamp_fn, element)
-            if err:
-                return None, err
-            ts, err = event_seconds(raw)
-            if err:
-                return None, err
-        else:
-            ts = timestamp.micros / 1e6
+        """``(seconds, None)``, or ``(None, reason)`` when the event time is unusable (not yet
+        checked against Beam's range and the schedule: :meth:`_time_error`)."""
+        if self._timestamp_fn is None:
+            return timestamp.micros / 1e6, None
+        raw, err = self._call("timestamp_fn", self._timestamp_fn, element)
+        if err:
+            return None, err
+        return event_seconds(raw)
+
+    def _time_error(self, ts):
+        """The reason an event time of ``ts`` seconds is rejected (out of Beam's range, or of a
+        released step of the schedule), or ``None``."""
         if not _MIN_SECONDS < ts < _MAX_SECONDS:
-            return None, self._unit_hint(ts, "event time missing or out of range "
-                                             "(give elements timestamps or pass timestamp_fn)")
-        return ts, None
+            return self._unit_hint(ts, "event time missing or out of range "
+                                       "(give elements timestamps or pass timestamp_fn)")
+        return None if self._schedule is None else self._schedule_error(ts)
+
+    def _accepted_times(self):
+        """``(lo, hi)``: every time ``lo <= ts < hi`` (seconds) passes :meth:`_time_error`.
+
+        Its checks accept an interval of times (``Schedule.step_of`` is monotone
+        in the time): from the first second of the start step to the first of
+        the end step (or the plausibility bound), within Beam's range. The
+        per-event stages accept a time in it with two comparisons and ask
+        :meth:`_time_error` only outside, for the reason. Both ends are
+        confirmed by :meth:`_time_error` itself; ``(inf, -inf)`` (no time
+        accepted without it) if they are not.
+        """
+        lo, hi = math.nextafter(_MIN_SECONDS, math.inf), _MAX_SECONDS
+        schedule = self._schedule
+        if schedule is not None:
+            lo = max(lo, _first_time_of(schedule, schedule.start_step))
+            if schedule.end_step is not None:
+                hi = min(hi, _first_time_of(schedule, schedule.end_step))
+            elif PLAUSIBLE_MAX_SECONDS > schedule.start_step * schedule.step_seconds:
+                hi = min(hi, PLAUSIBLE_MAX_SECONDS)
+        last = math.nextafter(hi, -math.inf)
+        if not lo <= last or self._time_error(lo) is not None or (
+                self._time_error(last) is not None):
+            return math.inf, -math.inf
+        return lo, hi
 
     def _declared(self, side):
         if side is None:
@@ -305,17 +365,30 @@ class ValidatingDoFn(beam.DoFn):
         declared instance, and a key outside the declared set is rejected (a
         public rule: free).
         """
-        if self._key_fn is None:
+        key_fn = self._key_fn
+        if key_fn is None:
             return None, None
-        raw, err = self._call("key_fn", self._key_fn, element)
-        if err:
-            return None, err
+        try:
+            raw = key_fn(element)
+        except BaseException as e:
+            return None, self._data_error("key_fn", e)
+        declared = self._keys if side is None else self._declared(side)
+        # A str or int is its own normalised key (normalize_key): a declared one is found
+        # directly; any other key, and an undeclared one, goes through _key_of for the reason.
+        if declared is not None and (type(raw) is str or type(raw) is int):
+            found = declared.get(raw)
+            if found is not None:
+                return found, None
+        return self._key_of(raw, declared)
+
+    def _key_of(self, raw, declared):
+        """``(key, None)``: ``raw``, a ``key_fn`` result, normalised (and as its instance in
+        ``declared``, the declared keys or ``None``); or ``(None, reason)``."""
         if raw is None:
             return None, "key_fn returned None"
         key, err = normalize_key(raw)
         if err:
             return None, f"key_fn returned {err}"
-        declared = self._declared(side)
         if declared is None:
             return key, None
         found = declared.get(key)
@@ -355,13 +428,16 @@ class ValidatingDoFn(beam.DoFn):
 
         The event time must fall in a released step of the public schedule.
         """
-        ts, err = self._event_time(element, timestamp)
+        if self._timestamp_fn is None:
+            ts = timestamp.micros / 1e6
+            # The common case in two comparisons (_accepted_times); outside, the reason.
+            err = None if self._time_lo <= ts < self._time_hi else self._time_error(ts)
+        else:
+            ts, err = self._event_time(element, timestamp)
+            if err is None:
+                err = self._time_error(ts)
         if err:
             return None, None, err
-        if self._schedule is not None:
-            err = self._schedule_error(ts)
-            if err:
-                return None, None, err
         key, err = self._key(element, side)
         if err:
             return None, None, err
@@ -408,6 +484,11 @@ class PrepareEvents(ValidatingDoFn):
         self._upper = upper
         self._user_fn = user_fn
         self._clamped = Metrics.counter(NAMESPACE, f"{transform}.clamped")
+        # The values _prepare takes without as_real: [lower, upper] when both bounds are
+        # finite ints or floats, else none (inf, -inf), so that as_real and the clamping
+        # decide. (Compared with inf, not math.isfinite: that raises for giant ints.)
+        finite = all(type(b) in (int, float) and -math.inf < b < math.inf for b in (lower, upper))
+        self._fast_lower, self._fast_upper = (lower, upper) if finite else (math.inf, -math.inf)
 
     def process(self, element, timestamp=beam.DoFn.TimestampParam, declared=None):
         ts, key, user, value, err = self._prepare(element, timestamp, declared)
@@ -420,8 +501,17 @@ class PrepareEvents(ValidatingDoFn):
 
     def _prepare(self, element, timestamp, declared):
         """``(seconds, key, user, value, None)`` of a valid element (``user`` None without
-        ``user_fn``), or ``(None, None, None, None, reason)``."""
-        ts, key, err = self._time_and_key(element, timestamp, declared)
+        ``user_fn``), or ``(None, None, None, None, reason)``.
+
+        The checks of :meth:`_time_and_key`, with its common case inline (each call
+        and tuple counts in a per-event stage): the element's timestamp within
+        the accepted times (:meth:`_accepted_times`).
+        """
+        ts = timestamp.micros / 1e6 if self._timestamp_fn is None else None
+        if ts is not None and self._time_lo <= ts < self._time_hi:
+            key, err = self._key(element, declared)
+        else:
+            ts, key, err = self._time_and_key(element, timestamp, declared)
         if err:
             return None, None, None, None, err
         user = None
@@ -431,9 +521,14 @@ class PrepareEvents(ValidatingDoFn):
                 return None, None, None, None, err
         if self._value_fn is None:
             return ts, key, user, 1.0, None
-        raw, err = self._call("value_fn", self._value_fn, element)
-        if err:
-            return None, None, None, None, err
+        try:
+            raw = self._value_fn(element)
+        except BaseException as e:
+            return None, None, None, None, self._data_error("value_fn", e)
+        # A float within finite bounds is finite and needs no clamping: as_real would return
+        # it as it is. NaN fails the comparison; other values take as_real for the reason.
+        if type(raw) is float and self._fast_lower <= raw <= self._fast_upper:
+            return ts, key, user, raw, None
         value, err = as_real(raw)
         if err:
             return None, None, None, None, err

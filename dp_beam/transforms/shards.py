@@ -32,6 +32,7 @@ or privately selected), so routing reveals nothing. Specs that keep a
 per-key log (the ERM streams) keep the per-key path.
 """
 
+import itertools
 from typing import Any, Dict, Optional
 
 import apache_beam as beam
@@ -204,7 +205,7 @@ class BatchShardReleaseDoFn(beam.DoFn):
     def _aggregated(self, values):
         """With ``combine_fn``: the input holds lists of partial accumulators per (key, step),
         merged here (one grouping instead of a combine's and the release's); the stream
-        markers pass through first."""
+        markers pass through first, the merged aggregates follow key by key."""
         fn = self._combine_fn
         if fn is None:
             return values
@@ -213,11 +214,25 @@ class BatchShardReleaseDoFn(beam.DoFn):
             for key, step, value in entries:
                 if isinstance(value, (StreamStart, NotAdmitted)):
                     markers.append((key, (step, value)))
+                    continue
+                steps = partials.get(key)
+                if steps is None:
+                    partials[key] = {step: value}
+                elif step in steps:
+                    # Another bundle's total of this (key, step); the merge is exact and
+                    # order-free, so merging as they come equals merging all at once.
+                    steps[step] = fn.merge_accumulators([steps[step], value])
                 else:
-                    partials.setdefault((key, step), []).append(value)
-        return markers + [(key, (step, fn.extract_output(
-            accs[0] if len(accs) == 1 else fn.merge_accumulators(accs))))
-                          for (key, step), accs in partials.items()]
+                    steps[step] = value
+        return itertools.chain(markers, self._merged(partials))
+
+    def _merged(self, partials):
+        """``(key, (step, aggregate))`` of the merged accumulators, made as they are consumed
+        (few live objects: the collector's pauses grow with them)."""
+        extract = self._combine_fn.extract_output
+        for key, steps in partials.items():
+            for step, acc in steps.items():
+                yield key, (step, extract(acc))
 
     def _buffers(self, entry, aggregate):
         """True when ``_process`` would only buffer ``aggregate``: the stream is open at its

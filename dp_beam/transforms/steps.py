@@ -130,7 +130,7 @@ class EventStepTotals(beam.DoFn):
 
     def process(self, element, timestamp=beam.DoFn.TimestampParam):
         key, value = element
-        yield from self._totals.add(key, timestamp.micros, value)
+        return self._totals.add(key, timestamp.micros, value)
 
     def finish_bundle(self):
         yield from self._totals.flush()
@@ -163,12 +163,12 @@ class PrepareStepTotals(PrepareEvents):
         self._totals = StepTotals(self._combine_fn, self._step_micros, self._shards)
 
     def process(self, element, timestamp=beam.DoFn.TimestampParam, declared=None):
+        # Returns its outputs (a generator per event would cost more than the addition).
         ts, key, _, value, err = self._prepare(element, timestamp, declared)
         if err:
-            yield self._reject(element, err, timestamp)
-            return
+            return (self._reject(element, err, timestamp),)
         # Timestamp(seconds) keeps int(seconds · 10^6) microseconds.
-        yield from self._totals.add(key, int(ts * 1_000_000), value)
+        return self._totals.add(key, int(ts * 1_000_000), value)
 
     def finish_bundle(self):
         yield from self._totals.flush()

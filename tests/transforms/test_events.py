@@ -405,3 +405,212 @@ def test_check_transient_errors():
     for bad in ("OSError", (OSError, "x"), (int,), OSError("x")):
         with pytest.raises(ValueError, match="transient_errors must be a tuple of exception"):
             check_transient_errors(bad)
+
+
+# ------------------------------------------- the per-event fast path agrees with the full checks
+# PrepareEvents accepts the common case (the element's timestamp inside the schedule, a str or
+# int key that is declared, a float value inside finite bounds) without the general checks;
+# every input it does not take must get the general checks' result and reason.
+
+class _Counter:
+    def __init__(self):
+        self.n = 0
+
+    def inc(self, n=1):
+        self.n += n
+
+
+class _Str(str):
+    pass
+
+
+class _Float(float):
+    pass
+
+
+class _Int(int):
+    pass
+
+
+_STAMPED_KEYS = ["a", 0, 1, 2 ** 70, ("a", 1), b"x"]
+
+
+def _stamped(**kw):
+    """A PrepareEvents on element timestamps (no timestamp_fn), its metrics counted here."""
+    from dp_beam.transforms.events import PrepareEvents
+    from dp_beam.transforms.schedule import resolve_schedule
+
+    args = dict(value_fn=lambda e: e["v"], lower=0.0, upper=4.0, key_fn=lambda e: e["k"],
+                schedule=resolve_schedule(10.0, 20, 70), keys=_STAMPED_KEYS)
+    args.update(kw)
+    fn = PrepareEvents("t", **args)
+    fn._clamped, fn._transient_count, fn._invalid = _Counter(), _Counter(), _Counter()
+    return fn
+
+
+def _at(micros):
+    from apache_beam.utils.timestamp import Timestamp
+    return Timestamp(micros=micros)
+
+
+@pytest.mark.parametrize("step, start, end", [
+    (10.0, 20, 70), (3600.0, 0, 72 * 3600.0), (1e-6, 5e-6, 9e-6), (0.001, 1e9, 2e9),
+    (604800.0, -1e9, 1e9), (3600.0, T0, None), (1.0, 2e11, None)])
+def test_element_timestamps_are_accepted_exactly_in_the_released_steps(step, start, end):
+    from dp_beam.transforms.schedule import resolve_schedule
+
+    schedule = resolve_schedule(step, start, end)
+    fn = _stamped(value_fn=None, lower=None, upper=None, schedule=schedule)
+    first = schedule.start_step * schedule.step_micros
+    cases = [first + d for d in (-2, -1, 0, 1, schedule.step_micros - 1, schedule.step_micros)]
+    if schedule.end_step is not None:
+        last = schedule.end_step * schedule.step_micros
+        cases += [last + d for d in (-2, -1, 0, 1)]
+    for micros in cases:
+        # Near 2e11 s a float second holds 30 µs: the step is that of micros / 1e6.
+        step_of = schedule.step_of(micros / 1e6)
+        in_steps = schedule.start_step <= step_of and (schedule.end_step is None
+                                                      or step_of < schedule.end_step)
+        plausible = micros / 1e6 < 1e11 or start >= 1e11
+        ts, key, _, value, err = fn._prepare({"k": "a"}, _at(micros), None)
+        if in_steps and plausible:
+            assert (ts, key, value, err) == (micros / 1e6, "a", 1.0, None), micros
+        else:
+            assert ts is None and err == fn._time_error(micros / 1e6) and err, micros
+            assert ("before start" in err) == (step_of < schedule.start_step)
+    # The precomputed bounds are the tightest ones: just outside them the full checks reject.
+    import math
+    assert fn._time_error(math.nextafter(fn._time_lo, -math.inf)) is not None
+    assert fn._time_error(fn._time_hi) is not None
+    assert fn._time_error(fn._time_lo) is None
+    assert fn._time_error(math.nextafter(fn._time_hi, -math.inf)) is None
+
+
+@pytest.mark.parametrize("micros, end, fragments", [
+    (int((T0 + 60) * 1e9), T0 + HOUR, ["at or after end", "looks like epoch milliseconds"]),
+    (int((T0 + 60) * 1e12), T0 + HOUR, ["missing or out of range", "looks like epoch microseconds"]),
+    (int((T0 + 60) * 1e9), None, ["not plausible epoch seconds", "epoch milliseconds"]),
+    (int(1e17), None, ["not plausible epoch seconds"]),
+    (int(1e17) - 100, None, []),  # a float second holds 15 µs here: 1e17 - 1 is 1e11 s
+    (int(T0 * 1e6) - 1, None, ["before start"]),
+])
+def test_element_timestamps_far_out_get_the_unit_hint(micros, end, fragments):
+    from apache_beam.utils.timestamp import MIN_TIMESTAMP
+    from dp_beam.transforms.schedule import resolve_schedule
+
+    fn = _stamped(value_fn=None, schedule=resolve_schedule(60.0, T0, end), keys=["a"])
+    err = fn._prepare({"k": "a"}, _at(micros), None)[-1]
+    assert all(f in (err or "") for f in fragments) and (err is None) == (not fragments), err
+    # An element created without a timestamp sits at Beam's minimum.
+    err = fn._prepare({"k": "a"}, MIN_TIMESTAMP, None)[-1]
+    assert err.startswith("event time missing or out of range")
+
+
+@pytest.mark.parametrize("raw, expected", [
+    ("a", "a"), (_Str("a"), "a"), (np.str_("a"), "a"), (True, 1), (np.int64(1), 1), (_Int(1), 1),
+    (1.0, 1), (-0.0, 0), (np.float32(0.0), 0), (2 ** 70, 2 ** 70), (float(2 ** 70), 2 ** 70),
+    (("a", np.int64(1)), ("a", 1)), (bytearray(b"x"), b"x"), (False, 0),
+    ("zz", "undeclared key 'zz' (not in keys)"), (7, "undeclared key 7 (not in keys)"),
+    (1.5, "undeclared key 1.5 (not in keys)"), ("", "undeclared key '' (not in keys)"),
+    (None, "key_fn returned None"), (float("nan"), "key_fn returned NaN (a missing value, not an id)"),
+    ([1], "key_fn returned an unhashable list"), (np.float64("nan"), "key_fn returned NaN (a missing "
+                                                                     "value, not an id)"),
+    (KeyError("k"), "key_fn raised KeyError: 'k'"),
+])
+def test_keys_on_element_timestamps_are_normalised_or_rejected_with_the_reason(raw, expected):
+    def key_fn(e):
+        if isinstance(e["k"], Exception):
+            raise e["k"]
+        return e["k"]
+
+    fn = _stamped(key_fn=key_fn)
+    ts, key, _, value, err = fn._prepare({"k": raw, "v": 1.0}, _at(30_000_000), None)
+    if err is None:
+        assert key == expected and type(key) is type(expected) and (ts, value) == (30.0, 1.0)
+        # The declared instance is returned, not the event's own object.
+        assert key is next(k for k in _STAMPED_KEYS if k == expected)
+    else:
+        assert (ts, key, value, err) == (None, None, None, expected)
+
+
+def test_a_runtime_built_key_is_returned_as_the_declared_instance():
+    declared = "".join(["k", "1"])
+    fn = _stamped(keys=[declared])
+    event_key = "".join(["k", "1"])
+    assert event_key is not declared
+    assert fn._prepare({"k": event_key, "v": 1.0}, _at(30_000_000), None)[1] is declared
+    # Read from the side input: the same, and side keys that cannot be keys open nothing.
+    side = [declared, np.str_("k2"), float("nan"), [1]]
+    fn = _stamped(keys=None)
+    assert fn._prepare({"k": event_key, "v": 1.0}, _at(30_000_000), side)[1] is declared
+    key = fn._prepare({"k": "k2", "v": 1.0}, _at(30_000_000), side)[1]
+    assert key == "k2" and type(key) is str
+    assert fn._prepare({"k": float("nan"), "v": 1.0}, _at(30_000_000), side)[-1] == (
+        "key_fn returned NaN (a missing value, not an id)")
+    assert fn._prepare({"k": "k3", "v": 1.0}, _at(30_000_000), side)[-1] == (
+        "undeclared key 'k3' (not in keys)")
+
+
+@pytest.mark.parametrize("raw, expected, clamped", [
+    (2.5, 2.5, 0), (0.0, 0.0, 0), (-0.0, -0.0, 0), (4.0, 4.0, 0), (4.5, 4.0, 1), (-1e-300, 0.0, 1),
+    (1e-300, 1e-300, 0), (1, 1.0, 0), (7, 4.0, 1), (np.float64(2.0), 2.0, 0), (_Float(2.0), 2.0, 0),
+    (np.float32(9.0), 4.0, 1), (decimal.Decimal("1.5"), 1.5, 0),
+    (float("nan"), "value is NaN", 0), (_Float("nan"), "value is NaN", 0),
+    (np.float64("nan"), "value is NaN", 0), (float("inf"), "value is infinite", 0),
+    (-float("inf"), "value is infinite", 0), (True, "not a real number: bool", 0),
+    ("2.0", "not a real number: str", 0), (None, "not a real number: NoneType", 0),
+    (10 ** 400, "value too large for a float: int", 0), (KeyError("v"), "value_fn raised KeyError: 'v'", 0),
+])
+def test_values_on_the_common_path_keep_the_checks_and_the_clamping(raw, expected, clamped):
+    import math
+
+    def value_fn(e):
+        if isinstance(e["v"], Exception):
+            raise e["v"]
+        return e["v"]
+
+    for lower, upper in ((0.0, 4.0), (0, 4), (np.float64(0.0), np.float64(4.0))):
+        fn = _stamped(value_fn=value_fn, lower=lower, upper=upper)
+        ts, key, _, value, err = fn._prepare({"k": "a", "v": raw}, _at(30_000_000), None)
+        assert fn._clamped.n == clamped
+        if isinstance(expected, str):
+            assert (ts, key, value, err) == (None, None, None, expected)
+        else:
+            assert (ts, key, err) == (30.0, "a", None) and value == expected
+            assert math.copysign(1.0, value) == math.copysign(1.0, expected)
+            assert clamped or type(value) is float
+
+
+def test_values_with_infinite_or_giant_bounds_are_still_checked():
+    for lower, upper in ((0.0, float("inf")), (-float("inf"), float("inf")), (-10 ** 400, 10 ** 400)):
+        fn = _stamped(lower=lower, upper=upper)
+        for raw in (float("inf"), -float("inf")):
+            err = fn._prepare({"k": "a", "v": raw}, _at(30_000_000), None)[-1]
+            assert err == "value is infinite"
+        assert fn._prepare({"k": "a", "v": 1e300}, _at(30_000_000), None)[3] == 1e300
+
+
+def test_user_functions_on_the_common_path_keep_the_error_policy():
+    def down(e):
+        raise ConnectionError("lookup service unavailable")
+
+    def interrupted(e):
+        raise KeyboardInterrupt()
+
+    for name in ("key_fn", "value_fn"):
+        fn = _stamped(**{name: down})
+        with pytest.raises(ConnectionError, match="lookup service unavailable"):
+            fn._prepare({"k": "a", "v": 1.0}, _at(30_000_000), None)
+        assert fn._transient_count.n == 1
+        fn = _stamped(transient_errors=(), **{name: down})
+        assert fn._prepare({"k": "a", "v": 1.0}, _at(30_000_000), None)[-1] == (
+            f"{name} raised ConnectionError: lookup service unavailable")
+        assert fn._transient_count.n == 0
+        # Not an Exception: never a dead letter, whatever transient_errors says.
+        for transient in ((), TRANSIENT_ERRORS):
+            with pytest.raises(KeyboardInterrupt):
+                _stamped(transient_errors=transient, **{name: interrupted})._prepare(
+                    {"k": "a", "v": 1.0}, _at(30_000_000), None)
+    # Out of the schedule, the key function is not called at all.
+    fn = _stamped(key_fn=down)
+    assert "before start" in fn._prepare({"k": "a", "v": 1.0}, _at(0), None)[-1]
