@@ -85,8 +85,8 @@ def interval_seconds(value: Optional[Union[float, str]] = None) -> float:
 class ReleaseProgress:
     """Rate-limited progress of one transform's release DoFn on one worker.
 
-    Call :meth:`released` once per released step and :meth:`report` after a
-    run of them. The object travels with
+    Call :meth:`released` once per released step (or run of steps) and
+    :meth:`report` after a run of them. The object travels with
     the pickled DoFn, so its counts start at zero on every worker; the
     interval is read on the worker (where ``DP_BEAM_PROGRESS_SECONDS`` is
     set), at the first release.
@@ -96,6 +96,8 @@ class ReleaseProgress:
     >>> p.report()
     >>> p.steps, p.events
     (2, 3)
+    >>> p.released("AA", 14, 54000.0, events=4, steps=3); p.steps, p.events
+    (5, 7)
     """
 
     def __init__(self, transform: str, interval: Optional[float] = None) -> None:
@@ -110,11 +112,13 @@ class ReleaseProgress:
         self._next = None  # monotonic time of the next line; None until the first release
         self._started = None
 
-    def released(self, key: Any, step: int, window_end: float, events: int = 0) -> None:
-        """One step of ``key``'s stream released, having used ``events`` input events (added
-        to the ``events_used`` metric by :meth:`report`)."""
+    def released(self, key: Any, step: int, window_end: float, events: int = 0,
+                 steps: int = 1) -> None:
+        """``steps`` steps of ``key``'s stream released, the last one ``step`` (ending at
+        ``window_end``), having used ``events`` input events (added to the ``events_used``
+        metric by :meth:`report`). A release DoFn calls it once per run of steps."""
         self._unreported += events
-        self.steps += 1
+        self.steps += steps
         self.events += events
         now = time.monotonic()
         if self._next is None:

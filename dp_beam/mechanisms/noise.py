@@ -1,4 +1,5 @@
-"""Noise sources and exact confidence-interval widths for sums of noises.
+"""Noise sources (the exact confidence-interval widths of sums of noises are in
+:mod:`~dp_beam.mechanisms.halfwidths`, re-exported here).
 
 Every mechanism in :mod:`dp_beam.mechanisms` draws its randomness through a
 :class:`NoiseSource`, so production code and tests differ only in the source
@@ -23,16 +24,14 @@ drawn once, at creation, from an injected source; ``docs/design.md`` D5).
 * :class:`SeededNoise` and :class:`ZeroNoise` exist for tests only.
 """
 
-import functools
 import math
 import numbers
 from typing import List, Optional, Union
 
 import numpy as np
-from numpy.typing import ArrayLike
-from scipy import integrate, optimize, stats
 
 from .checks import check_scale, check_size
+from .halfwidths import gaussian_halfwidth, laplace_sum_halfwidth
 
 __all__ = [
     "NoiseSource",
@@ -261,104 +260,3 @@ def make_noise(rng: RngLike) -> NoiseSource:
     if isinstance(rng, (numbers.Integral, np.random.Generator)):
         return SeededNoise(rng)
     raise ValueError(f"rng must be None, an int seed, a numpy Generator or a NoiseSource, got {rng!r}")
-
-
-def _check_level(level):
-    try:
-        level = float(level)
-    except (TypeError, ValueError):
-        raise ValueError(f"level must be in (0, 1), got {level!r}") from None
-    if not 0.0 < level < 1.0:
-        raise ValueError(f"level must be in (0, 1), got {level!r}")
-    return level
-
-
-def _sum_cdf_abs(x, scales):
-    """P(|Σ Z_i| <= x) for Z_i ~ Lap(scales[i]) independent, max scale 1.
-
-    Gil-Pelaez for a symmetric law: P(|S| <= x) = (2/π) ∫_0^∞ sin(ux) φ(u)/u du
-    with φ(u) = Π 1/(1 + b_i² u²). The integrand is smooth at 0 (→ x φ(0)) but
-    oscillates with only algebraic decay, so the tail [A, ∞) is handed to
-    QUADPACK's Fourier-integral routine (QAWF), which is built for exactly
-    that; A = 1 is past the point where the slowest factor 1/(1+u²) has started
-    to decay, since the largest scale is normalised to 1.
-    """
-    if x <= 0.0:
-        return 0.0
-    b2 = np.asarray(scales, dtype=np.float64) ** 2
-
-    def phi_over_u(u):
-        return 1.0 / (u * np.prod(1.0 + b2 * u * u))
-
-    def head(u):
-        if u == 0.0:
-            return x
-        return math.sin(u * x) / u / np.prod(1.0 + b2 * u * u)
-
-    a = 1.0
-    head_val, _ = integrate.quad(head, 0.0, a, limit=200, epsabs=1e-13, epsrel=1e-12)
-    tail_val, _ = integrate.quad(
-        phi_over_u, a, np.inf, weight="sin", wvar=x, limlst=100, epsabs=1e-13
-    )
-    value = (2.0 / math.pi) * (head_val + tail_val)
-    return min(max(value, 0.0), 1.0)
-
-
-@functools.lru_cache(maxsize=4096)
-def _normalised_halfwidth(scales, level):
-    # Union bound: P(|S| > x) <= Σ P(|Z_i| > x b_i / Σb) = K e^{-x/Σb}, so the
-    # root lies below Σb · ln(K/(1-level)) and the bracket is always valid.
-    upper = sum(scales) * math.log(len(scales) / (1.0 - level)) * 1.01 + 1e-9
-    return optimize.brentq(
-        lambda x: _sum_cdf_abs(x, scales) - level, 0.0, upper, xtol=1e-13, rtol=1e-12, maxiter=200
-    )
-
-
-def laplace_sum_halfwidth(scales: ArrayLike, level: float = 0.95) -> float:
-    """Exact half-width of the central ``level`` interval of a sum of Laplaces.
-
-    Returns the x with ``P(|Σ Z_i| <= x) = level`` for independent
-    ``Z_i ~ Lap(scales[i])``, the noise of a binary-mechanism release
-    (``docs/privacy/counting.md`` C-7). Unlike the tail bound of CSS10
-    (Chan, Shi and Song 2010) this is exact, so the interval has the stated coverage and no more.
-
-    The distribution function is computed from the characteristic function by
-    numerical integration (see ``_sum_cdf_abs``) and inverted with Brent's
-    method. Scales are normalised by their maximum and cached, so the many
-    releases that share a noise pattern cost one integration.
-    A single term gives ``b·ln(1/(1-level))`` (``b·ln 20`` at 95 %).
-    """
-    level = _check_level(level)
-    values = []
-    for s in np.atleast_1d(np.asarray(scales, dtype=np.float64)).ravel():
-        if not math.isfinite(s) or s < 0:
-            raise ValueError(f"scales must be finite and >= 0, got {s!r}")
-        if s > 0:
-            values.append(float(s))
-    if not values:
-        return 0.0
-    bmax = max(values)
-    if len(values) == 1:
-        return bmax * math.log(1.0 / (1.0 - level))
-    # Rounding the normalised scales keeps cache keys stable against
-    # last-bit differences in how callers computed them; 1e-12 relative is far
-    # below the integration accuracy.
-    key = tuple(sorted(round(v / bmax, 12) for v in values))
-    return bmax * _normalised_halfwidth(key, level)
-
-
-def gaussian_halfwidth(std: float, level: float = 0.95) -> float:
-    """Half-width ``std·Φ⁻¹((1+level)/2)`` of the central ``level`` interval of N(0, std²).
-
-    The noise of a Gaussian binary-mechanism release is Gaussian (a sum of
-    independent normals), so this is exact (``docs/privacy/counting.md`` C-7).
-    """
-    level = _check_level(level)
-    std = check_scale("std", std)
-    return std * _normal_quantile(level)
-
-
-@functools.lru_cache(maxsize=64)
-def _normal_quantile(level):
-    """Φ⁻¹((1+level)/2); SciPy's ppf costs ~0.3 ms, and releases ask for one level."""
-    return float(stats.norm.ppf((1.0 + level) / 2.0))

@@ -398,7 +398,7 @@ class OrderedReleaseDoFn(beam.DoFn):
         step = nxt
         # Counted here and added once per firing: a metric update per step
         # costs more than the rest of the bookkeeping.
-        released = empty = 0
+        released = empty = used = 0
         # Looked up once per firing, not per step (a sharded release steps many streams).
         per_step, progress, rng, end_stamp = (self._per_step_seed(), self._progress, self._rng,
                                               self._end_stamp)
@@ -413,7 +413,7 @@ class OrderedReleaseDoFn(beam.DoFn):
                 empty += 1
                 aggregate = spec.zero()
             released += 1
-            progress.released(key, step, spec.window_end(step), spec.events(aggregate))
+            used += spec.events(aggregate)
             # Stamped at the step's end, the moment of release and the timer's
             # watermark hold: one microsecond earlier and a downstream window
             # closing at that end would already be expired, and drop it.
@@ -428,8 +428,9 @@ class OrderedReleaseDoFn(beam.DoFn):
             done = spec.done(mechanism)
             step += 1
         if released:
+            progress.released(key, step - 1, spec.window_end(step - 1), used, released)
             self._released.inc(released)
-            self._progress.report()
+            progress.report()
         if empty:
             self._empty.inc(empty)
         return mechanism, step, done

@@ -1,4 +1,4 @@
-"""Noise sources and exact interval half-widths (dp_beam.mechanisms.noise).
+"""Noise sources (dp_beam.mechanisms.noise); the half-widths are tested in test_halfwidths.py.
 
 Statistical tolerances are 5 standard errors of the estimator, so a correct
 implementation fails a seeded test never and an unseeded (secure) one with
@@ -18,8 +18,6 @@ from dp_beam.mechanisms import (
     SecureNoise,
     SeededNoise,
     ZeroNoise,
-    gaussian_halfwidth,
-    laplace_sum_halfwidth,
     make_noise,
 )
 
@@ -142,72 +140,6 @@ def test_secure_noise_pickles_without_its_cache():
     assert isinstance(restored, SecureNoise)
     assert restored._cache == {}
     assert restored.laplace(1.0, 3).shape == (3,)
-
-
-# -- half-widths ---------------------------------------------------------------
-
-
-def test_single_laplace_halfwidth_is_b_ln_20():
-    assert laplace_sum_halfwidth([2.5]) == pytest.approx(2.5 * math.log(20), rel=1e-12)
-    assert laplace_sum_halfwidth([2.5], level=0.9) == pytest.approx(2.5 * math.log(10), rel=1e-12)
-
-
-def test_two_equal_laplaces_match_the_closed_form():
-    # Z1+Z2 with Z_i ~ Lap(1) has density (1+|s|)e^{-|s|}/4, so
-    # P(|S| > x) = (2 + x) e^{-x} / 2; the numerical inversion must hit 5 %.
-    x = laplace_sum_halfwidth([1.0, 1.0])
-    assert (2 + x) * math.exp(-x) / 2 == pytest.approx(0.05, abs=1e-9)
-    assert laplace_sum_halfwidth([3.0, 3.0]) == pytest.approx(3.0 * x, rel=1e-9)
-
-
-def test_tiny_extra_term_barely_moves_the_halfwidth():
-    assert laplace_sum_halfwidth([1.0, 1e-9]) == pytest.approx(math.log(20), rel=1e-6)
-    assert laplace_sum_halfwidth([0.0, 0.0]) == 0.0
-    assert laplace_sum_halfwidth([0.0, 2.0]) == pytest.approx(2.0 * math.log(20), rel=1e-12)
-
-
-@pytest.mark.parametrize("scales", [[0.5, 1.0, 2.0, 2.0, 3.0], [4.0] * 17, [1.0, 2.0, 3.0] + [4.0] * 5])
-def test_laplace_sum_halfwidth_has_the_stated_coverage(scales):
-    n = 1_000_000
-    rng = np.random.default_rng(2024)
-    total = np.zeros(n)
-    for b in scales:
-        total += rng.laplace(0.0, b, n)
-    x = laplace_sum_halfwidth(scales)
-    coverage = np.mean(np.abs(total) <= x)
-    # Binomial standard error of the empirical coverage; 5 of them.
-    assert abs(coverage - 0.95) < 5 * math.sqrt(0.95 * 0.05 / n)
-    # The exact width must respect the CSS10 tail bound of spec §1.3.
-    nu = max(math.sqrt(sum(b * b for b in scales)), max(scales) * math.sqrt(math.log(40)))
-    assert x <= nu * math.sqrt(8 * math.log(40))
-
-
-def test_laplace_sum_halfwidth_is_order_independent_and_cached():
-    a = laplace_sum_halfwidth([1.0, 2.0, 3.0])
-    b = laplace_sum_halfwidth([3.0, 1.0, 2.0])
-    assert a == b
-
-
-@pytest.mark.parametrize("level", [0.0, 1.0, -0.5, float("nan")])
-def test_halfwidths_validate_level(level):
-    with pytest.raises(ValueError, match="level"):
-        laplace_sum_halfwidth([1.0, 2.0], level=level)
-    with pytest.raises(ValueError, match="level"):
-        gaussian_halfwidth(1.0, level=level)
-
-
-def test_laplace_sum_halfwidth_rejects_bad_scales():
-    with pytest.raises(ValueError, match="scales"):
-        laplace_sum_halfwidth([1.0, -2.0])
-    with pytest.raises(ValueError, match="scales"):
-        laplace_sum_halfwidth([1.0, float("inf")])
-
-
-def test_gaussian_halfwidth_is_the_normal_quantile():
-    assert gaussian_halfwidth(2.0) == pytest.approx(2.0 * 1.959963984540054, rel=1e-12)
-    assert gaussian_halfwidth(0.0) == 0.0
-    with pytest.raises(ValueError, match="std"):
-        gaussian_halfwidth(-1.0)
 
 
 def test_secure_pool_serves_every_sample_once_and_keeps_the_scale():

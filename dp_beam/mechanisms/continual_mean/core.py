@@ -14,7 +14,8 @@ from typing import Any, Dict, Optional
 
 import numpy as np
 
-from ..noise import gaussian_halfwidth, laplace_sum_halfwidth, make_noise
+from ..halfwidths import gaussian_halfwidth, laplace_sum_halfwidth
+from ..noise import make_noise
 from ..counting.registry import get_mechanism
 from ..state import StateRecord, float_array, optional, state_field
 from .aggregate import MeanAggregate

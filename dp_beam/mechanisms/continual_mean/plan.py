@@ -16,7 +16,8 @@ from typing import List, Optional, Tuple
 import numpy as np
 
 from ..calibration import eps_from_rho_delta, rho_from_eps_delta
-from ..noise import ZeroNoise, gaussian_halfwidth
+from ..halfwidths import gaussian_halfwidth
+from ..noise import ZeroNoise
 from ..counting.registry import get_mechanism
 from .schedule import element_size
 

@@ -14,7 +14,7 @@ from typing import Sequence, Tuple
 import numpy as np
 from scipy import integrate, optimize
 
-from ..noise import laplace_sum_halfwidth
+from ..halfwidths import laplace_sum_halfwidth
 
 __all__ = ["laplace_combination_halfwidth", "laplace_release_halfwidth"]
 
@@ -73,7 +73,7 @@ def laplace_combination_halfwidth(scales: Sequence[float], counts: Sequence[int]
     """Exact half-width of the central ``level`` interval of ``Σ_i Σ_{counts[i]} Lap(scales[i])``.
 
     The multiplicity-aware form of
-    :func:`~dp_beam.mechanisms.noise.laplace_sum_halfwidth`, for releases
+    :func:`~dp_beam.mechanisms.halfwidths.laplace_sum_halfwidth`, for releases
     that are fixed linear combinations of many equally weighted Laplace
     noises (the Honaker estimator weights a whole subtree level alike).
     """

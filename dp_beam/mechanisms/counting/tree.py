@@ -16,7 +16,8 @@ import numpy as np
 
 from ...accounting.cost import Cost
 from ..calibration import gaussian_sigma, laplace_scale
-from ..noise import gaussian_halfwidth, make_noise
+from ..halfwidths import gaussian_halfwidth
+from ..noise import make_noise
 from ..noise_grid import grid_exponent, grid_padded_scale, round_on_exponent, round_to_grid
 from .doubling import epoch_of, epoch_steps, release_intervals, release_levels
 from .intervals import laplace_release_halfwidth
@@ -289,7 +290,7 @@ class BinaryTreeMechanism(CounterParameters):
         """Half-width x with ``P(|noise| <= x) = level`` for each coordinate at step t.
 
         Exact, not a tail bound: the Laplace case inverts the distribution of
-        the sum of the node noises (:func:`~dp_beam.mechanisms.noise.laplace_sum_halfwidth`),
+        the sum of the node noises (:func:`~dp_beam.mechanisms.halfwidths.laplace_sum_halfwidth`),
         the Gaussian case uses the normal quantile (C-7).
         """
         if self._noise == "laplace":
