@@ -312,7 +312,7 @@ def discrete_laplace(stream: "BitStream", t: int, s: int) -> int:
 
 def discrete_gaussian(stream: "BitStream", p: int, q: int) -> int:
     """Z with P(Z = z) ∝ exp(−z²/(2σ²)) for σ² = p/q, ints p, q >= 1 (CKS20 Algorithm 3)."""
-    t, qt, den = _gaussian_constants(p, q)
+    t, qt, den, den_bits, den_mask = _gaussian_constants(p, q)
     while True:
         y = discrete_laplace(stream, t, 1)
         diff = abs(y) * qt - p
@@ -320,7 +320,19 @@ def discrete_gaussian(stream: "BitStream", p: int, q: int) -> int:
         whole, num = divmod(diff * diff, den)
         if whole and _exp_minus_one_successes(stream, whole) < whole:
             continue
-        if _bernoulli_exp_at_most_one(stream, num, den):
+        # _bernoulli_exp_at_most_one(stream, num, den) with its first coin inline, as in
+        # discrete_laplace: A_1 = [randbelow(den) < num], and A_1 = 0 (the usual case)
+        # accepts without another call.
+        pool, available = stream._pool, stream._available
+        while True:
+            if available < den_bits:
+                pool, available = _fill(stream, pool, available, den_bits)
+            available -= den_bits
+            value = (pool >> available) & den_mask
+            if value < den:
+                break
+        stream._pool, stream._available = pool, available
+        if value >= num or _bernoulli_exp_at_most_one(stream, num, den, 2):
             return y
 
 
@@ -330,8 +342,11 @@ def _gaussian_constants(p, q):
     # t = ⌊σ⌋ + 1, exactly: ⌊√x⌋ = isqrt(⌊x⌋) for x >= 0.
     t = math.isqrt(p // q) + 1
     # Accept Y ~ DLap(t) with probability exp(−(|Y| − σ²/t)²/(2σ²)); over a
-    # common denominator γ = (|Y|·q·t − p)² / (2·p·q·t²), all integers.
-    return t, q * t, 2 * p * q * t * t
+    # common denominator γ = (|Y|·q·t − p)² / (2·p·q·t²), all integers; then
+    # the bit length and mask of randbelow(den), the first coin of the acceptance.
+    den = 2 * p * q * t * t
+    bits = (den - 1).bit_length()
+    return t, q * t, den, bits, (1 << bits) - 1
 
 
 def exact_rational(name: str, value: Union[numbers.Rational, float], positive: bool) -> Fraction:

@@ -24,14 +24,14 @@ import functools
 import math
 import operator
 import warnings
-from typing import Any, Dict, Optional, Sequence, Tuple
+from typing import Any, Dict, Optional, Sequence, Tuple, Union
 
 import numpy as np
 from scipy import optimize
 
 from ..state import StateRecord
 from .factorisation import FactorisationMechanism
-from .integer_units import Lanes, dyadic, from_units, to_units
+from .integer_units import Lanes, dyadic, from_units, round_div_pow2, to_units
 from .participation import toeplitz_participation_norm
 
 __all__ = ["BLTCoreState", "BLTMechanism", "blt_errors", "optimise_blt", "blt_parameters"]
@@ -209,6 +209,8 @@ class _Plan:
         self.horizon = horizon
         self.theta = np.asarray(theta, dtype=np.float64)
         self.omega = np.asarray(omega, dtype=np.float64)
+        #: θ as a column, to scale the (d, dim) float buffers in place.
+        self.theta_column = self.theta[:, None]
         self.buffers = self.theta.size
         self.closed = _Closed(self.theta, self.omega)
         self.l2 = math.sqrt(self.closed.c_sq(horizon))
@@ -239,6 +241,14 @@ def _plan_cached(horizon, theta, omega):
     return _Plan(horizon, theta, omega)
 
 
+@functools.lru_cache(maxsize=64)
+def _epoch_plan(length):
+    """The plan of an epoch of ``length`` steps of an unbounded stream: one look-up per step
+    instead of three (the tuples of θ and ω would be hashed again at every step)."""
+    theta, omega = blt_parameters(_table_horizon(length))
+    return _plan_cached(length, theta, omega)
+
+
 #: Spare bits of a packed lane: the buffers may grow 2^32-fold before they are repacked wider.
 _SPARE_BITS = 32
 
@@ -249,6 +259,28 @@ def _round_all(values, bits):
         return [v << -bits for v in values]
     half = (1 << (bits - 1)) - 1
     return [(v + half + ((v >> bits) & 1)) >> bits for v in values]
+
+
+def _scalar_units(x, exponent):
+    """:func:`~.integer_units.to_units` of one float: the same rounding (scaling by a power of
+    two is exact while finite and normal, ``round`` of a float is exact and ties to even like
+    NumPy's ``rint``), without the arrays."""
+    if math.frexp(x)[1] - exponent <= 1024:
+        return round(math.ldexp(x, -exponent))
+    num, den = x.as_integer_ratio()
+    return round_div_pow2(num, den.bit_length() - 1 + exponent)
+
+
+def _scalar_float(value, exponent):
+    """:func:`~.integer_units.from_units` of one int: the same correctly rounded float."""
+    if exponent >= 0:
+        return float(value << exponent)
+    if exponent >= -1022:
+        try:
+            return math.ldexp(float(value), exponent)
+        except OverflowError:  # |value| >= 2^1024: the division below rounds it correctly
+            pass
+    return value / (1 << -exponent)
 
 
 def _packable(plan):
@@ -322,7 +354,9 @@ class BLTMechanism(FactorisationMechanism):
     The integer rounding costs a relative ``2^-20`` of sensitivity. Each
     integer buffer is kept packed in one int (``_Packing``), so a step costs a
     few big-int operations per buffer rather than a few per coordinate, with
-    the same bits.
+    the same bits. A scalar stream stepped with floats (a release: one per
+    stream and step) keeps its d ints unpacked and steps on Python numbers
+    (``_step_scalar``), again with the same bits.
 
     State: d integer buffers of the data side, d float buffers of the
     post-processing and the running release, ``(2d + 1)·dim`` numbers (at
@@ -364,8 +398,7 @@ class BLTMechanism(FactorisationMechanism):
     def _plan_of(self, horizon):
         if self._horizon is not None:
             return self._plan(horizon)
-        theta, omega = blt_parameters(_table_horizon(horizon))
-        return _plan_cached(horizon, theta, omega)
+        return _epoch_plan(horizon)
 
     @staticmethod
     def _var_factor(plan, t):
@@ -377,8 +410,10 @@ class BLTMechanism(FactorisationMechanism):
         return core
 
     def _set_right(self, plan, core, right):
-        """Store the integer buffers (lists of ints) in the core, packed when the plan allows."""
-        if not _packable(plan):
+        """Store the integer buffers (lists of ints) in the core, packed when the plan allows
+        and there is more than one coordinate (a single lane would pack nothing, and a scalar
+        stream's :meth:`_scalar_right_step` works on the ints as they are)."""
+        if not _packable(plan) or self._dim == 1:
             core["right"] = right
             return
         bound = max((abs(v) for buf in right for v in buf), default=0)
@@ -442,6 +477,77 @@ class BLTMechanism(FactorisationMechanism):
         buffers *= plan.theta[:, None]
         buffers += u
         core["total"] += u
+
+    # -- the scalar stream (dim 1, a float per step) ------------------------------------
+
+    def step(self, x: Union[float, np.ndarray]) -> Union[float, np.ndarray]:
+        """Consume the next element x and return the noisy prefix sum through it
+        (:meth:`FactorisationMechanism.step`). A float of a scalar stream (what a release
+        DoFn passes, once per stream and step) takes :meth:`_step_scalar`: the same
+        arithmetic on Python ints and floats, so the same bits, without the small arrays."""
+        if type(x) is float and self._dim == 1:
+            return self._step_scalar(x)
+        return super().step(x)
+
+    def _step_scalar(self, x):
+        if not math.isfinite(x):
+            raise ValueError(f"x must be finite, got {x!r}")
+        t = self._t + 1
+        horizon = self._horizon
+        if horizon is not None:
+            if t > horizon:
+                raise ValueError(f"horizon exceeded: horizon is {horizon}, step {t} requested")
+            length = horizon
+        else:
+            _, start, length = self._epoch_of(t)
+        plan = self._plan_of(length)
+        if horizon is None and t == start:
+            self._core = self._core_new(plan)
+        core = self._core
+        self._scalar_core_step(plan, core, x, self._scale(length))
+        self._t = t
+        total = float(core["total"][0])
+        if horizon is not None:
+            return total
+        # As step's roots + release: one float addition.
+        value = float(self._roots[0]) + total
+        if t == start + length - 1:
+            self._roots = np.array([value])
+            self._core = None
+        return value
+
+    def _scalar_core_step(self, plan, core, x, scale):
+        """:meth:`_core_step` of a scalar stream: the same roundings and float operations."""
+        exponent = self._exact_exponent(plan)
+        unit = _scalar_units(x, exponent)
+        noise = self._source.integer_noise(self._noise, scale, exponent, 1)[0]
+        y = _scalar_float(self._scalar_right_step(plan, core, unit, noise), exponent)
+        buffers = core["buffers"]
+        # The product stays NumPy's: BLAS may fuse its multiply-adds (it does on x86-64 with
+        # FMA), so a Python sum would differ in the last bit. The rest is elementwise, exact.
+        u = y - float((plan.omega @ buffers)[0])
+        buffers *= plan.theta_column
+        buffers += u
+        core["total"][0] += u  # the same addition as `total += u`, without a ufunc call
+
+    @staticmethod
+    def _scalar_right_step(plan, core, unit, noise):
+        """``(C x)_t + z_t`` of a scalar stream: :meth:`_list_step` on its one coordinate
+        (a scalar core keeps its ints unpacked, see :meth:`_set_right`)."""
+        right = core["right"]
+        acc = sum([w * buf[0] for w, buf in zip(plan.omega_num, right)])
+        noised = unit + round_div_pow2(acc, plan.omega_bits) + noise
+        tb = plan.theta_bits
+        if tb <= 0:  # θ all integers (θ = 1): products exact, nothing to round
+            for th, buf in zip(plan.theta_num, right):
+                buf[0] = round_div_pow2(th * buf[0], tb) + unit
+            return noised
+        half = (1 << (tb - 1)) - 1
+        for th, buf in zip(plan.theta_num, right):
+            # round_div_pow2(θ·v, tb) inline: a call per buffer costs more than the arithmetic.
+            n = th * buf[0]
+            buf[0] = ((n + half + ((n >> tb) & 1)) >> tb) + unit
+        return noised
 
     def _core_release(self, plan, core):
         return core["total"]

@@ -22,6 +22,7 @@ The privacy argument is ``docs/privacy/counting.md``, C-6, C-8 and C-9.
 """
 
 import dataclasses
+import functools
 import math
 from typing import Any, Dict, Optional, Union
 
@@ -29,7 +30,8 @@ import numpy as np
 
 from ...accounting.cost import Cost
 from ..calibration import gaussian_sigma, laplace_scale
-from ..noise import gaussian_halfwidth, make_noise
+from ..halfwidths import gaussian_halfwidth
+from ..noise import make_noise
 from ..noise_grid import grid_padded_scale, round_to_grid
 from .intervals import laplace_combination_halfwidth
 from .parameters import (
@@ -87,6 +89,20 @@ class FactorisationState(CounterState):
 
     core: Optional[Dict[str, Any]]
     roots: Optional[Any]
+
+
+@functools.lru_cache(maxsize=4096)
+def _calibrated_scale(noise, sensitivity, epsilon, delta, calibration):
+    # Cached across instances: every stream of a release computes the same scales, once per
+    # epoch of an unbounded stream (≈ 10 µs each, mostly validating the parameters).
+    if noise == "laplace":
+        return laplace_scale(sensitivity, epsilon)
+    return gaussian_sigma(sensitivity, epsilon, delta, calibration)
+
+
+def _base_epochs(cls):
+    """Whether ``cls`` keeps the base class's epoch lengths (``2^k``, capped by ``MAX_HORIZON``)."""
+    return cls._epoch_length.__func__ is FactorisationMechanism._epoch_length.__func__
 
 
 class FactorisationMechanism(CounterParameters):
@@ -185,6 +201,11 @@ class FactorisationMechanism(CounterParameters):
     @classmethod
     def _epoch_of(cls, t):
         """``(k, start, length)``: epoch k holds steps ``start .. start+length−1``."""
+        if cls.MAX_HORIZON is None and type(t) is int and t >= 1 and _base_epochs(cls):
+            # Epochs of 2^k steps: epoch k holds 2^k .. 2^(k+1) − 1, the loop below in
+            # closed form (an unbounded stream asks at every step).
+            k = t.bit_length() - 1
+            return k, 1 << k, 1 << k
         start, k = 1, 0
         while True:
             length = cls._epoch_length(k)
@@ -199,9 +220,9 @@ class FactorisationMechanism(CounterParameters):
 
     def _calibrated(self, plan, sensitivity):
         """Scale for a per-step sensitivity: the column norm times it, calibrated."""
-        if self._noise == "laplace":
-            return laplace_scale(plan.l1 * sensitivity, self._epsilon)
-        return gaussian_sigma(plan.l2 * sensitivity, self._epsilon, self._delta, self._calibration)
+        norm = plan.l1 if self._noise == "laplace" else plan.l2
+        return _calibrated_scale(self._noise, norm * sensitivity, self._epsilon, self._delta,
+                                 self._calibration)
 
     def _scale(self, horizon):
         """Noise scale (Laplace b or Gaussian σ) of a mechanism over ``horizon`` steps.
