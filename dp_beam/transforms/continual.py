@@ -24,8 +24,8 @@ from dp_beam.mechanisms.counting.postprocess import MonotoneRelease
 from dp_beam.mechanisms.counting.registry import default_mechanism, get_mechanism
 from dp_beam.mechanisms.noise_key import NoiseKey
 from dp_beam.records import LedgerEntry, Release
-from dp_beam.transforms.events import (CAPPED, INVALID, TRANSIENT_ERRORS,
-                                       BoundContributions, CountCapped, PrepareEvents,
+from dp_beam.transforms.contributions import BoundContributions, CountCapped
+from dp_beam.transforms.events import (CAPPED, INVALID, TRANSIENT_ERRORS, PrepareEvents,
                                        check_callable, check_transient_errors)
 from dp_beam.transforms.keys import UNITS, EventUnits
 from dp_beam.transforms.release_spec import ReleaseSpec

@@ -77,8 +77,9 @@ from dp_beam.mechanisms.continual_mean import (ContinualMeanCore, MeanAggregate,
                                                MeanParams)
 from dp_beam.records import LedgerEntry
 from dp_beam.records_mean import MeanRelease
+from dp_beam.transforms.contributions import CountCapped
 from dp_beam.transforms.events import (CAPPED, INVALID, TRANSIENT_ERRORS, UNBOUNDED_LATENESS,
-                                       CountCapped, check_transient_errors)
+                                       check_transient_errors)
 from dp_beam.transforms.keys import UNITS
 from dp_beam.transforms.mean_aggregates import (MedianStoreInLog, MergeAggregates, PackedSamples,
                                                 plain)

@@ -22,8 +22,8 @@ from apache_beam.transforms.userstate import ReadModifyWriteStateSpec
 from apache_beam.utils.timestamp import Timestamp
 
 from dp_beam.mechanisms.continual_mean import MeanParams, UserState, contribution, user_hash
-from dp_beam.transforms.events import (NAMESPACE, TRANSIENT_ERRORS, ValidatingDoFn, as_real,
-                                       capped)
+from dp_beam.transforms.contributions import capped
+from dp_beam.transforms.events import NAMESPACE, TRANSIENT_ERRORS, ValidatingDoFn, as_real
 from dp_beam.transforms.keys import UNITS
 from dp_beam.transforms.mean_aggregates import merge_into
 from dp_beam.transforms.stream_keys import KV

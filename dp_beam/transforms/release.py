@@ -15,14 +15,14 @@ restore the mechanism, how to merge aggregates and what to emit per step.
 The mechanism's state cell is rewritten at every firing, so it must stay small.
 A mechanism that must keep data for later (the ERM streams keep raw blocks,
 ``docs/design.md`` D1.3) sets
-``ReleaseSpec.uses_log``: :func:`release_in_order` then runs
+``ReleaseSpec.uses_log``: :func:`~dp_beam.transforms.streams.release_in_order` then runs
 :class:`LoggedReleaseDoFn`, which gives it a per-key append-only
 :class:`~dp_beam.transforms.bag_log.BagLog` (a ``BagState``) read only when
 needed. Specs without it run
 :class:`OrderedReleaseDoFn` with exactly its own state cells.
 """
 
-from typing import Any, Iterable, Optional, Tuple, Union
+from typing import Any, Optional, Union
 
 import apache_beam as beam
 import numpy as np
@@ -41,15 +41,12 @@ from dp_beam.progress import ReleaseProgress
 from dp_beam.records import InvalidElement
 from dp_beam.transforms.bag_log import BagLog
 from dp_beam.transforms.events import INVALID, NAMESPACE
-from dp_beam.transforms.release_spec import (ACCOUNTING, CLOSED, NOT_ADMITTED, PLAN_ATTRIBUTE,
-                                             ContinualResult, ReleaseSpec, key_label)
-from dp_beam.transforms.schedule import NotAdmitted, Schedule, StreamStart
+from dp_beam.transforms.release_spec import (ACCOUNTING, CLOSED, NOT_ADMITTED, ReleaseSpec,
+                                             key_label)
+from dp_beam.transforms.schedule import NotAdmitted, StreamStart
 from dp_beam.transforms.steps import global_element
-from dp_beam.transforms.stream_keys import KV, shard_of
 
-# The spec interface, the log and the shared names live in their own modules;
-# they stay importable from here, where every transform has found them.
-__all__ = ["LoggedReleaseDoFn", "OrderedReleaseDoFn", "release_in_order"]
+__all__ = ["LoggedReleaseDoFn", "OrderedReleaseDoFn"]
 
 #: Stream keys whose base noise source a release DoFn keeps (each a few hundred bytes).
 _SOURCE_CACHE = 4096
@@ -421,7 +418,7 @@ class OrderedReleaseDoFn(beam.DoFn):
                 if isinstance(record, pvalue.TaggedOutput):
                     yield record
                 else:
-                    # The release runs in the global window (release_in_order), so the
+                    # The release runs in the global window (streams.release_in_order), so the
                     # record is placed there directly: the same element a TimestampedValue
                     # would give, without a WindowFn assignment per record.
                     yield global_element(record, end_stamp(step))
@@ -506,112 +503,3 @@ class LoggedReleaseDoFn(OrderedReleaseDoFn):
         log = BagLog(log_bag, log_meta, self._log_reads, self._log_compactions)
         yield from self._fire(key, fire, buffer, mech_state, next_state, first_state,
                               earliest_state, timer, log=log)
-
-
-def release_in_order(aggregates: beam.PCollection, spec: ReleaseSpec, plan: Iterable[Any],
-                     invalids: Iterable[beam.PCollection], *, schedule: Schedule,
-                     seeds: beam.PCollection, bounded: bool, late: str,
-                     seed: Union[None, int, NoiseSource], noise_key: Optional[NoiseKey] = None,
-                     extra_releases: Iterable[beam.PCollection] = (),
-                     extra_accounting: Iterable[beam.PCollection] = (),
-                     allowed_lateness: Optional[float] = None, shards: int = 0,
-                     combine_fn: Optional[beam.CombineFn] = None) -> ContinualResult:
-    """Applies the ordered release to per-step aggregates; the common tail of every transform.
-
-    ``aggregates`` are ``(key, (step, aggregate))`` in the global window and
-    ``seeds`` the ``(key, (step, StreamStart()))`` elements that open the
-    streams (one per declared key at the public start, or one per admitted
-    key), plus any ``NotAdmitted`` markers. Every stream releases each step
-    of ``schedule`` from its opening step. Returns the
-    :class:`ContinualResult` with ``invalids`` (earlier dead-letter outputs)
-    flattened with the release's own, ``extra_releases`` (e.g. key
-    admissions) flattened into ``.releases`` and ``extra_accounting`` into
-    ``.accounting``; ``plan`` (the planned ledger entries) is attached to the
-    accounting output. ``allowed_lateness``: see :class:`OrderedReleaseDoFn`.
-
-    The release is keyed by stream key with the deterministic
-    :class:`~dp_beam.transforms.stream_keys.StreamKeyCoder` (the element type
-    of its input is declared), as runners that encode state keys require.
-
-    ``shards`` > 0 routes the streams to that many shards and releases each
-    shard with one stateful DoFn and one timer
-    (:class:`~dp_beam.transforms.shards.ShardedReleaseDoFn`; same records);
-    0 keeps one stateful key per stream. Specs with a log always use the
-    per-key path. Bounded input with shards is released without state or
-    timers (:class:`~dp_beam.transforms.shards.BatchShardReleaseDoFn`);
-    ``combine_fn`` (only there) says that ``aggregates`` are partial
-    accumulators of that fn already routed to their shards, ``(shard,
-    [(key, step, accumulator), ...])``
-    (:class:`~dp_beam.transforms.steps.StepTotals`), merged per (key, step)
-    in the release's own grouping.
-    """
-    schedule.require_end(bounded, spec.transform)
-    if combine_fn is not None and not (shards and bounded and not spec.uses_log):
-        raise ValueError("combine_fn needs the sharded release of bounded input")
-    dofn = LoggedReleaseDoFn if spec.uses_log else OrderedReleaseDoFn
-    release_fn = dofn(spec, bounded=bounded, late=late, seed=seed, end_step=schedule.end_step,
-                      noise_key=noise_key, allowed_lateness=allowed_lateness)
-    if combine_fn is not None:
-        released = _release_totals(aggregates, seeds, release_fn, shards, combine_fn)
-        return _result(released, plan, invalids, extra_releases, extra_accounting)
-    opened = (aggregates, seeds) | "Open" >> beam.Flatten().with_output_types(KV)
-    if shards and not spec.uses_log:
-        released = _release_sharded(opened, release_fn, shards, bounded)
-    else:
-        released = opened | "Release" >> beam.ParDo(release_fn).with_outputs(
-            ACCOUNTING, INVALID, main="releases")
-    return _result(released, plan, invalids, extra_releases, extra_accounting)
-
-
-def _release_sharded(opened, release_fn, shards, bounded):
-    """The release of ``opened`` routed to ``shards`` shards, one stateful key each (bounded
-    input: one grouping per shard, without state)."""
-    from dp_beam.transforms.shards import BatchShardReleaseDoFn, ShardedReleaseDoFn
-
-    sharded = (opened
-               | "Shard" >> beam.Map(lambda kv, n=shards: (shard_of(kv[0], n), kv)
-                                     ).with_output_types(Tuple[int, Any]))
-    if bounded:
-        # All timers of bounded input fire after all of it is in: a grouping
-        # per shard and one pass over it give the same records without state.
-        return (sharded
-                | "GroupShard" >> beam.GroupByKey()
-                | "Release" >> beam.ParDo(BatchShardReleaseDoFn(release_fn)).with_outputs(
-                    ACCOUNTING, INVALID, main="releases"))
-    return sharded | "Release" >> beam.ParDo(ShardedReleaseDoFn(release_fn)).with_outputs(
-        ACCOUNTING, INVALID, main="releases")
-
-
-def _seed_entries(kv, shards):
-    """A stream marker ``(key, (step, marker))`` in the shape of the routed partial totals."""
-    key, (step, marker) = kv
-    return shard_of(key, shards), [(key, step, marker)]
-
-
-def _release_totals(totals, seeds, release_fn, shards, combine_fn):
-    """The timer-free release of bounded partial totals that arrive routed to their shards
-    (:class:`~dp_beam.transforms.steps.StepTotals`): the stream markers join them in the
-    same shape, and one grouping per shard brings each shard its whole input."""
-    from dp_beam.transforms.shards import BatchShardReleaseDoFn
-
-    routed = seeds | "ShardSeeds" >> beam.Map(_seed_entries, shards).with_output_types(
-        Tuple[int, Any])
-    return ((totals, routed)
-            | "Open" >> beam.Flatten().with_output_types(Tuple[int, Any])
-            | "GroupShard" >> beam.GroupByKey()
-            | "Release" >> beam.ParDo(BatchShardReleaseDoFn(release_fn, combine_fn)).with_outputs(
-                ACCOUNTING, INVALID, main="releases"))
-
-
-def _result(released, plan, invalids, extra_releases, extra_accounting):
-    """The :class:`ContinualResult` of the release's outputs flattened with the other ones, the
-    plan attached to its accounting."""
-    invalid = tuple(invalids) + (released[INVALID],) | "Invalid" >> beam.Flatten()
-    releases = released.releases
-    if extra_releases:
-        releases = (releases,) + tuple(extra_releases) | "Releases" >> beam.Flatten()
-    accounting = released[ACCOUNTING]
-    if extra_accounting:
-        accounting = (accounting,) + tuple(extra_accounting) | "Accounting" >> beam.Flatten()
-    setattr(accounting, PLAN_ATTRIBUTE, tuple(plan))
-    return ContinualResult(releases, accounting, invalid)

@@ -5,7 +5,9 @@ The options (``step``, ``start``, ``end``, ``horizon``, ``key_fn``/``keys``,
 :func:`set_release_options`; :func:`validation` gives the per-event stage what
 it needs to reject events outside the schedule or of undeclared keys; and
 :func:`release_streams` opens one stream per public key (or per privately
-admitted key) and runs the ordered release (``docs/design.md`` D1.3, D2).
+admitted key) and runs the ordered release (``docs/design.md`` D1.3, D2):
+:func:`release_in_order` assembles it from the DoFns of
+:mod:`~dp_beam.transforms.release` and :mod:`~dp_beam.transforms.shards`.
 """
 
 import datetime
@@ -19,14 +21,17 @@ from dp_beam.mechanisms import NoiseSource
 from dp_beam.mechanisms.noise_key import NoiseKey
 from dp_beam.transforms.keys import PrivateKeys, select_keys
 from dp_beam.records import LedgerEntry
-from dp_beam.transforms.release import release_in_order
-from dp_beam.transforms.release_spec import ContinualResult, ReleaseSpec
+from dp_beam.transforms.events import INVALID
+from dp_beam.transforms.release import LoggedReleaseDoFn, OrderedReleaseDoFn
+from dp_beam.transforms.release_spec import (ACCOUNTING, PLAN_ATTRIBUTE, ContinualResult,
+                                             ReleaseSpec)
 from dp_beam.transforms.schedule import (DeclaredKeys, Schedule, StreamStart, resolve_keys,
                                          resolve_schedule)
-from dp_beam.transforms.shards import default_shards
+from dp_beam.transforms.shards import BatchShardReleaseDoFn, ShardedReleaseDoFn, default_shards
+from dp_beam.transforms.stream_keys import KV, shard_of
 
 __all__ = ["seconds", "check_horizon", "set_release_options", "private_keys", "validation", "raw_steps",
-           "release_streams"]
+           "release_streams", "release_in_order"]
 
 
 def seconds(name: str, value: Union[float, datetime.timedelta], allow_zero: bool = False) -> float:
@@ -152,3 +157,108 @@ def release_streams(transform: beam.PTransform, events: beam.PCollection,
         seeds = events.pipeline | "OpenStream" >> beam.Create(
             [(None, (schedule.start_step, StreamStart()))])
     return release_in_order(aggregates, spec, (entry,), invalids, seeds=seeds, **common)
+
+
+def release_in_order(aggregates: beam.PCollection, spec: ReleaseSpec, plan: Iterable[Any],
+                     invalids: Iterable[beam.PCollection], *, schedule: Schedule,
+                     seeds: beam.PCollection, bounded: bool, late: str,
+                     seed: Union[None, int, NoiseSource], noise_key: Optional[NoiseKey] = None,
+                     extra_releases: Iterable[beam.PCollection] = (),
+                     extra_accounting: Iterable[beam.PCollection] = (),
+                     allowed_lateness: Optional[float] = None, shards: int = 0,
+                     combine_fn: Optional[beam.CombineFn] = None) -> ContinualResult:
+    """Applies the ordered release to per-step aggregates; the common tail of every transform.
+
+    ``aggregates`` are ``(key, (step, aggregate))`` in the global window and
+    ``seeds`` the ``(key, (step, StreamStart()))`` elements that open the
+    streams (one per declared key at the public start, or one per admitted
+    key), plus any ``NotAdmitted`` markers. Every stream releases each step
+    of ``schedule`` from its opening step. Returns the
+    :class:`ContinualResult` with ``invalids`` (earlier dead-letter outputs)
+    flattened with the release's own, ``extra_releases`` (e.g. key
+    admissions) flattened into ``.releases`` and ``extra_accounting`` into
+    ``.accounting``; ``plan`` (the planned ledger entries) is attached to the
+    accounting output. ``allowed_lateness``: see :class:`OrderedReleaseDoFn`.
+
+    The release is keyed by stream key with the deterministic
+    :class:`~dp_beam.transforms.stream_keys.StreamKeyCoder` (the element type
+    of its input is declared), as runners that encode state keys require.
+
+    ``shards`` > 0 routes the streams to that many shards and releases each
+    shard with one stateful DoFn and one timer
+    (:class:`~dp_beam.transforms.shards.ShardedReleaseDoFn`; same records);
+    0 keeps one stateful key per stream. Specs with a log always use the
+    per-key path. Bounded input with shards is released without state or
+    timers (:class:`~dp_beam.transforms.shards.BatchShardReleaseDoFn`);
+    ``combine_fn`` (only there) says that ``aggregates`` are partial
+    accumulators of that fn already routed to their shards, ``(shard,
+    [(key, step, accumulator), ...])``
+    (:class:`~dp_beam.transforms.steps.StepTotals`), merged per (key, step)
+    in the release's own grouping.
+    """
+    schedule.require_end(bounded, spec.transform)
+    if combine_fn is not None and not (shards and bounded and not spec.uses_log):
+        raise ValueError("combine_fn needs the sharded release of bounded input")
+    dofn = LoggedReleaseDoFn if spec.uses_log else OrderedReleaseDoFn
+    release_fn = dofn(spec, bounded=bounded, late=late, seed=seed, end_step=schedule.end_step,
+                      noise_key=noise_key, allowed_lateness=allowed_lateness)
+    if combine_fn is not None:
+        released = _release_totals(aggregates, seeds, release_fn, shards, combine_fn)
+        return _result(released, plan, invalids, extra_releases, extra_accounting)
+    opened = (aggregates, seeds) | "Open" >> beam.Flatten().with_output_types(KV)
+    if shards and not spec.uses_log:
+        released = _release_sharded(opened, release_fn, shards, bounded)
+    else:
+        released = opened | "Release" >> beam.ParDo(release_fn).with_outputs(
+            ACCOUNTING, INVALID, main="releases")
+    return _result(released, plan, invalids, extra_releases, extra_accounting)
+
+
+def _release_sharded(opened, release_fn, shards, bounded):
+    """The release of ``opened`` routed to ``shards`` shards, one stateful key each (bounded
+    input: one grouping per shard, without state)."""
+    sharded = (opened
+               | "Shard" >> beam.Map(lambda kv, n=shards: (shard_of(kv[0], n), kv)
+                                     ).with_output_types(Tuple[int, Any]))
+    if bounded:
+        # All timers of bounded input fire after all of it is in: a grouping
+        # per shard and one pass over it give the same records without state.
+        return (sharded
+                | "GroupShard" >> beam.GroupByKey()
+                | "Release" >> beam.ParDo(BatchShardReleaseDoFn(release_fn)).with_outputs(
+                    ACCOUNTING, INVALID, main="releases"))
+    return sharded | "Release" >> beam.ParDo(ShardedReleaseDoFn(release_fn)).with_outputs(
+        ACCOUNTING, INVALID, main="releases")
+
+
+def _seed_entries(kv, shards):
+    """A stream marker ``(key, (step, marker))`` in the shape of the routed partial totals."""
+    key, (step, marker) = kv
+    return shard_of(key, shards), [(key, step, marker)]
+
+
+def _release_totals(totals, seeds, release_fn, shards, combine_fn):
+    """The timer-free release of bounded partial totals that arrive routed to their shards
+    (:class:`~dp_beam.transforms.steps.StepTotals`): the stream markers join them in the
+    same shape, and one grouping per shard brings each shard its whole input."""
+    routed = seeds | "ShardSeeds" >> beam.Map(_seed_entries, shards).with_output_types(
+        Tuple[int, Any])
+    return ((totals, routed)
+            | "Open" >> beam.Flatten().with_output_types(Tuple[int, Any])
+            | "GroupShard" >> beam.GroupByKey()
+            | "Release" >> beam.ParDo(BatchShardReleaseDoFn(release_fn, combine_fn)).with_outputs(
+                ACCOUNTING, INVALID, main="releases"))
+
+
+def _result(released, plan, invalids, extra_releases, extra_accounting):
+    """The :class:`ContinualResult` of the release's outputs flattened with the other ones, the
+    plan attached to its accounting."""
+    invalid = tuple(invalids) + (released[INVALID],) | "Invalid" >> beam.Flatten()
+    releases = released.releases
+    if extra_releases:
+        releases = (releases,) + tuple(extra_releases) | "Releases" >> beam.Flatten()
+    accounting = released[ACCOUNTING]
+    if extra_accounting:
+        accounting = (accounting,) + tuple(extra_accounting) | "Accounting" >> beam.Flatten()
+    setattr(accounting, PLAN_ATTRIBUTE, tuple(plan))
+    return ContinualResult(releases, accounting, invalid)

@@ -173,7 +173,8 @@ def test_batch_sharded_release_with_private_keys_equals_per_key_release():
 
 def test_timer_free_release_refuses_unbounded_input_and_stray_combine():
     from dp_beam.transforms.continual import CounterReleaseSpec, _SumCount
-    from dp_beam.transforms.release import OrderedReleaseDoFn, release_in_order
+    from dp_beam.transforms.release import OrderedReleaseDoFn
+    from dp_beam.transforms.streams import release_in_order
     from dp_beam.transforms.schedule import resolve_schedule
     from dp_beam.transforms.shards import BatchShardReleaseDoFn
 
