@@ -33,7 +33,7 @@ per-key log (the ERM streams) keep the per-key path.
 """
 
 import itertools
-from typing import Any, Dict, Optional
+from typing import Any, Dict, Optional, Tuple
 
 import apache_beam as beam
 from apache_beam.coders import PickleCoder
@@ -234,35 +234,23 @@ class BatchShardReleaseDoFn(beam.DoFn):
             for step, acc in steps.items():
                 yield key, (step, extract(acc))
 
-    def _buffers(self, entry, aggregate):
-        """True when ``_process`` would only buffer ``aggregate``: the stream is open at its
-        first step and not closed (nothing has fired yet in one pass over bounded input, so
-        no step is late), and the aggregate is no stream marker. Such aggregates skip the
-        stand-in cells, which cost more than the append."""
-        nxt = entry.get("next")
-        return (nxt is not None and nxt == entry.get("first") and not self._inner._closed(nxt)
-                and not isinstance(aggregate, (StreamStart, NotAdmitted)))
-
     def process(self, element):
         _, values = element
         inner = self._inner
-        streams: Dict[Any, Dict[str, Any]] = {}
+        # Each stream's entry and its stand-in cells, made once per stream (not per aggregate).
+        streams: Dict[Any, Tuple[Dict[str, Any], tuple]] = {}
         for key, value in self._aggregated(values):
-            entry = streams.get(key)
-            if entry is None:
-                entry = streams[key] = {}
-            elif self._buffers(entry, value[1]):
-                entry.setdefault("buffer", []).append(value)
-                continue
-            buffer, _, nxt, first, earliest, stream_timer = ShardedReleaseDoFn._cells(entry)
+            stream = streams.get(key)
+            if stream is None:
+                entry = {}
+                stream = streams[key] = (entry, ShardedReleaseDoFn._cells(entry))
+            buffer, _, nxt, first, earliest, stream_timer = stream[1]
             yield from inner._process((key, value), buffer, nxt, first, earliest, stream_timer)
         for key in sorted(streams, key=lambda k: encode_identity((key_label(k),))):
-            entry = streams[key]
+            entry, cells = streams[key]
             # Bounded: a stream's timer is set once, at the end of its last
             # step, and its firing does not set another.
             due = entry.pop("timer", None)
             if due is None:
                 continue
-            buffer, mechanism, nxt, first, earliest, stream_timer = ShardedReleaseDoFn._cells(entry)
-            yield from inner._fire(key, Timestamp(due), buffer, mechanism, nxt, first, earliest,
-                                   stream_timer)
+            yield from inner._fire(key, Timestamp(due), *cells)
