@@ -112,32 +112,37 @@ class StepTotals:
                 for shard, entries in by_shard.items()]
 
 
-@beam.typehints.with_output_types(Tuple[int, List[Tuple[StreamKey, int, Any]]])
-class EventStepTotals(beam.DoFn):
-    """``(key, value)`` events in the global window → ``(shard, [(key, step, accumulator),
-    ...])``: the bundle's partial totals per (key, step) grouped by shard
-    (:class:`StepTotals`), for a release that merges them itself."""
+class _BundleTotals:
+    """The bundle lifecycle of a DoFn that gathers :class:`StepTotals`: a fresh table per
+    bundle, flushed at its end. The arguments are validated once, at construction."""
 
-    def __init__(self, combine_fn: beam.CombineFn, step_micros: int, shards: int) -> None:
-        StepTotals(combine_fn, step_micros, shards)     # validates eagerly
-        self._combine_fn = combine_fn
-        self._step_micros = step_micros
-        self._shards = shards
-        self._totals = None
+    def _init_totals(self, combine_fn: beam.CombineFn, step_micros: int, shards: int) -> None:
+        self._totals_args = (combine_fn, step_micros, shards)
+        self._totals = StepTotals(*self._totals_args)
 
     def start_bundle(self):
-        self._totals = StepTotals(self._combine_fn, self._step_micros, self._shards)
-
-    def process(self, element, timestamp=beam.DoFn.TimestampParam):
-        key, value = element
-        return self._totals.add(key, timestamp.micros, value)
+        self._totals = StepTotals(*self._totals_args)
 
     def finish_bundle(self):
         yield from self._totals.flush()
 
 
 @beam.typehints.with_output_types(Tuple[int, List[Tuple[StreamKey, int, Any]]])
-class PrepareStepTotals(PrepareEvents):
+class EventStepTotals(_BundleTotals, beam.DoFn):
+    """``(key, value)`` events in the global window → ``(shard, [(key, step, accumulator),
+    ...])``: the bundle's partial totals per (key, step) grouped by shard
+    (:class:`StepTotals`), for a release that merges them itself."""
+
+    def __init__(self, combine_fn: beam.CombineFn, step_micros: int, shards: int) -> None:
+        self._init_totals(combine_fn, step_micros, shards)
+
+    def process(self, element, timestamp=beam.DoFn.TimestampParam):
+        key, value = element
+        return self._totals.add(key, timestamp.micros, value)
+
+
+@beam.typehints.with_output_types(Tuple[int, List[Tuple[StreamKey, int, Any]]])
+class PrepareStepTotals(_BundleTotals, PrepareEvents):
     """:class:`~dp_beam.transforms.events.PrepareEvents` and :class:`EventStepTotals` in one
     pass, for events in the global window without ``user_fn``: the same checks and dead
     letters, then the bundle's partial totals per (key, step) instead of one timestamped
@@ -153,14 +158,7 @@ class PrepareStepTotals(PrepareEvents):
         if self._user_fn is not None:
             raise ValueError("PrepareStepTotals takes no user_fn (user contributions are "
                              "bounded between validation and the totals)")
-        StepTotals(combine_fn, step_micros, shards)     # validates eagerly
-        self._combine_fn = combine_fn
-        self._step_micros = step_micros
-        self._shards = shards
-        self._totals = None
-
-    def start_bundle(self):
-        self._totals = StepTotals(self._combine_fn, self._step_micros, self._shards)
+        self._init_totals(combine_fn, step_micros, shards)
 
     def process(self, element, timestamp=beam.DoFn.TimestampParam, declared=None):
         # Returns its outputs (a generator per event would cost more than the addition).
@@ -169,9 +167,6 @@ class PrepareStepTotals(PrepareEvents):
             return (self._reject(element, err, timestamp),)
         # Timestamp(seconds) keeps int(seconds · 10^6) microseconds.
         return self._totals.add(key, int(ts * 1_000_000), value)
-
-    def finish_bundle(self):
-        yield from self._totals.flush()
 
 
 @beam.typehints.with_output_types(Tuple[StreamKey, Tuple[int, Any]])
