@@ -497,17 +497,8 @@ class PrepareEvents(ValidatingDoFn):
 
     def _prepare(self, element, timestamp, declared):
         """``(seconds, key, user, value, None)`` of a valid element (``user`` None without
-        ``user_fn``), or ``(None, None, None, None, reason)``.
-
-        The checks of :meth:`_time_and_key`, with its common case inline (each call
-        and tuple counts in a per-event stage): the element's timestamp within
-        the accepted times (:meth:`_accepted_times`).
-        """
-        ts = timestamp.micros / 1e6 if self._timestamp_fn is None else None
-        if ts is not None and self._time_lo <= ts < self._time_hi:
-            key, err = self._key(element, declared)
-        else:
-            ts, key, err = self._time_and_key(element, timestamp, declared)
+        ``user_fn``), or ``(None, None, None, None, reason)``."""
+        ts, key, err = self._time_and_key(element, timestamp, declared)
         if err:
             return None, None, None, None, err
         user = None
