@@ -280,24 +280,20 @@ def _keyed_reference(identity, call, reference, args, size):
     return [reference(bits, *args) for _ in range(size)]
 
 
-@pytest.mark.parametrize("scale", [7.2, 1.0, 0.1, 1000.0, 3.7e-5])
-def test_keyed_laplace_matches_the_frozen_reference(scale):
-    source = KeyedNoise(KEY, ("ref-keyed", "laplace", scale))
-    k, t, s = _ref_grid(scale, 1)
-    for call, size in enumerate([1, 1, 1000, 1, 1000]):
-        want = [math.ldexp(float(z), k)
-                for z in _keyed_reference(source.identity, call, _ref_discrete_laplace, (t, s), size)]
-        assert source.laplace(scale, size).tolist() == want
+#: kind -> (power of the scale in the grid ratio, frozen reference sampler)
+_KEYED_REFERENCES = {"laplace": (1, _ref_discrete_laplace), "gaussian": (2, _ref_discrete_gaussian)}
 
 
-@pytest.mark.parametrize("sigma", [3.1, 1.0, 0.37, 2500.0])
-def test_keyed_gaussian_matches_the_frozen_reference(sigma):
-    source = KeyedNoise(KEY, ("ref-keyed", "gaussian", sigma))
-    k, p, q = _ref_grid(sigma, 2)
+@pytest.mark.parametrize("kind, scale", [("laplace", b) for b in (7.2, 1.0, 0.1, 1000.0, 3.7e-5)]
+                         + [("gaussian", sigma) for sigma in (3.1, 1.0, 0.37, 2500.0)])
+def test_keyed_draws_match_the_frozen_reference(kind, scale):
+    source = KeyedNoise(KEY, ("ref-keyed", kind, scale))
+    power, reference = _KEYED_REFERENCES[kind]
+    k, a, b = _ref_grid(scale, power)
     for call, size in enumerate([1, 1, 1000, 1, 1000]):
         want = [math.ldexp(float(z), k)
-                for z in _keyed_reference(source.identity, call, _ref_discrete_gaussian, (p, q), size)]
-        assert source.gaussian(sigma, size).tolist() == want
+                for z in _keyed_reference(source.identity, call, reference, (a, b), size)]
+        assert getattr(source, kind)(scale, size).tolist() == want
 
 
 @pytest.mark.parametrize("kind, scale, exponent", [("gaussian", 1.5, -60), ("gaussian", 0.3, -30),
