@@ -501,31 +501,26 @@ class KeyedNoise(NoiseSource):
         return BitStream(hasher)
 
     def laplace(self, scale: float, size: int) -> np.ndarray:
-        scale = check_scale("scale", scale)
+        return self._grid_draws("scale", scale, size, 1, discrete_laplace)
+
+    def gaussian(self, sigma: float, size: int) -> np.ndarray:
+        return self._grid_draws("sigma", sigma, size, 2, discrete_gaussian)
+
+    def _grid_draws(self, name, scale, size, power, sampler):
+        """``size`` draws of ``sampler`` on the grid of ``scale`` from one new stream: what
+        grid_laplace (``power`` 1) or grid_gaussian (``power`` 2) draws, with the scale's
+        grid and ratio looked up once per call."""
+        scale = check_scale(name, scale)
         # An exact int skips check_size's ABC test (~0.4 µs, a tenth of a scalar draw).
         size = size if type(size) is int and size >= 0 else check_size(size)
         stream = self._next_stream()
         if scale == 0.0 or size == 0:
             return np.zeros(size, dtype=np.float64)
-        # What grid_laplace draws, with the scale's grid looked up once per call.
-        k, num, den = grid_ratio(scale, 1)
+        k, num, den = grid_ratio(scale, power)
         if size == 1:
             # A tree node's scalar draw: no comprehension frame (0.3 µs of ~4).
-            return np.array([grid_float(discrete_laplace(stream, num, den), k)], np.float64)
-        return np.array([grid_float(discrete_laplace(stream, num, den), k) for _ in range(size)],
-                        dtype=np.float64)
-
-    def gaussian(self, sigma: float, size: int) -> np.ndarray:
-        sigma = check_scale("sigma", sigma)
-        size = size if type(size) is int and size >= 0 else check_size(size)
-        stream = self._next_stream()
-        if sigma == 0.0 or size == 0:
-            return np.zeros(size, dtype=np.float64)
-        # What grid_gaussian draws, with the grid and σ² looked up once per call.
-        k, num, den = grid_ratio(sigma, 2)
-        if size == 1:
-            return np.array([grid_float(discrete_gaussian(stream, num, den), k)], np.float64)
-        return np.array([grid_float(discrete_gaussian(stream, num, den), k) for _ in range(size)],
+            return np.array([grid_float(sampler(stream, num, den), k)], np.float64)
+        return np.array([grid_float(sampler(stream, num, den), k) for _ in range(size)],
                         dtype=np.float64)
 
     def integer_noise(self, kind: str, scale: float, exponent: int, size: int) -> List[int]:
