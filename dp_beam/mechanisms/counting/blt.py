@@ -31,7 +31,7 @@ from scipy import optimize
 
 from ..state import StateRecord
 from .factorisation import FactorisationMechanism
-from .integer_units import Lanes, dyadic, from_units, round_div_pow2, to_units
+from .integer_units import Lanes, dyadic, from_unit, from_units, round_div_pow2, to_unit, to_units
 from .participation import toeplitz_participation_norm
 
 __all__ = ["BLTCoreState", "BLTMechanism", "blt_errors", "optimise_blt", "blt_parameters"]
@@ -259,28 +259,6 @@ def _round_all(values, bits):
         return [v << -bits for v in values]
     half = (1 << (bits - 1)) - 1
     return [(v + half + ((v >> bits) & 1)) >> bits for v in values]
-
-
-def _scalar_units(x, exponent):
-    """:func:`~.integer_units.to_units` of one float: the same rounding (scaling by a power of
-    two is exact while finite and normal, ``round`` of a float is exact and ties to even like
-    NumPy's ``rint``), without the arrays."""
-    if math.frexp(x)[1] - exponent <= 1024:
-        return round(math.ldexp(x, -exponent))
-    num, den = x.as_integer_ratio()
-    return round_div_pow2(num, den.bit_length() - 1 + exponent)
-
-
-def _scalar_float(value, exponent):
-    """:func:`~.integer_units.from_units` of one int: the same correctly rounded float."""
-    if exponent >= 0:
-        return float(value << exponent)
-    if exponent >= -1022:
-        try:
-            return math.ldexp(float(value), exponent)
-        except OverflowError:  # |value| >= 2^1024: the division below rounds it correctly
-            pass
-    return value / (1 << -exponent)
 
 
 def _packable(plan):
@@ -519,9 +497,9 @@ class BLTMechanism(FactorisationMechanism):
     def _scalar_core_step(self, plan, core, x, scale):
         """:meth:`_core_step` of a scalar stream: the same roundings and float operations."""
         exponent = self._exact_exponent(plan)
-        unit = _scalar_units(x, exponent)
+        unit = to_unit(x, exponent)
         noise = self._source.integer_noise(self._noise, scale, exponent, 1)[0]
-        y = _scalar_float(self._scalar_right_step(plan, core, unit, noise), exponent)
+        y = from_unit(self._scalar_right_step(plan, core, unit, noise), exponent)
         buffers = core["buffers"]
         # The product stays NumPy's: BLAS may fuse its multiply-adds (it does on x86-64 with
         # FMA), so a Python sum would differ in the last bit. The rest is elementwise, exact.

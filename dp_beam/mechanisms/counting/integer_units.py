@@ -16,7 +16,7 @@ from typing import Any, Iterable, List, Sequence, Tuple
 
 import numpy as np
 
-__all__ = ["Lanes", "dyadic", "from_units", "round_div_pow2", "to_units"]
+__all__ = ["Lanes", "dyadic", "from_unit", "from_units", "round_div_pow2", "to_unit", "to_units"]
 
 
 def round_div_pow2(numerator: int, bits: int) -> int:
@@ -85,6 +85,38 @@ def from_units(values: Sequence[int], exponent: int) -> np.ndarray:
             pass
     den = 1 << -exponent
     return np.array([v / den for v in values], dtype=np.float64)
+
+
+def to_unit(x: float, exponent: int) -> int:
+    """:func:`to_units` of one float: the same rounding without the arrays (a scalar stream
+    converts one value per step, where NumPy's call overhead outweighs the arithmetic).
+
+    Scaling by a power of two is exact while finite and normal, and ``round`` of a
+    float is exact and ties to even like NumPy's ``rint``.
+
+    >>> to_unit(0.75, -1), to_unit(-1.25, -1), to_unit(5.0, 1)
+    (2, -2, 2)
+    """
+    if math.frexp(x)[1] - exponent <= 1024:
+        return round(math.ldexp(x, -exponent))
+    num, den = x.as_integer_ratio()
+    return round_div_pow2(num, den.bit_length() - 1 + exponent)
+
+
+def from_unit(value: int, exponent: int) -> float:
+    """:func:`from_units` of one int: the same correctly rounded float.
+
+    >>> from_unit(3, -2), from_unit(2**60 + 1, -2) == float(from_units([2**60 + 1], -2)[0])
+    (0.75, True)
+    """
+    if exponent >= 0:
+        return float(value << exponent)
+    if exponent >= -1022:
+        try:
+            return math.ldexp(float(value), exponent)
+        except OverflowError:  # |value| >= 2^1024: the division below rounds it correctly
+            pass
+    return value / (1 << -exponent)
 
 
 class Lanes:

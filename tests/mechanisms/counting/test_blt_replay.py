@@ -69,7 +69,8 @@ def _round_reference(numerator, bits):
 def test_integer_units_match_exact_references():
     from fractions import Fraction
 
-    from dp_beam.mechanisms.counting.integer_units import from_units, round_div_pow2, to_units
+    from dp_beam.mechanisms.counting.integer_units import (from_unit, from_units, round_div_pow2,
+                                                           to_unit, to_units)
 
     rng = np.random.default_rng(0)
     for bits in (-3, 0, 1, 2, 7, 53, 90):
@@ -81,12 +82,14 @@ def test_integer_units_match_exact_references():
     for exponent in (-1100, -68, -3, 0, 4, 1100):
         got = to_units(floats, exponent)
         assert got == [round(Fraction(v) / Fraction(2) ** exponent) for v in floats.tolist()]
+        assert [to_unit(v, exponent) for v in floats.tolist()] == got   # the scalar twin
         # 2^1023 + 2^970 is a tie to even; 2^1050 + 1 is no float, its scaled value is.
         ints = got[:50] + [3, -(2**80) - 1, 2**1100, 2**1023 + 2**970, 2**1050 + 1]
         # Only results that are finite floats (no release is larger).
         ints = [v for v in ints if abs(Fraction(v) * Fraction(2) ** exponent) < 2**1023]
         expect = [float(Fraction(v) * Fraction(2) ** exponent) for v in ints]
         assert from_units(ints, exponent).tolist() == expect
+        assert [from_unit(v, exponent) for v in ints] == expect
 
 
 def test_packed_buffers_follow_the_list_recurrence():

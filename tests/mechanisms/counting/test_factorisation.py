@@ -312,9 +312,9 @@ def test_integer_right_factor_sensitivity_holds_for_off_grid_neighbours(cls, mon
     captured = []
     real = module.from_units
     monkeypatch.setattr(module, "from_units", lambda values, e: captured.append(list(values)) or real(values, e))
-    if hasattr(module, "_scalar_float"):  # BLT's scalar path converts its one int by itself
-        scalar = module._scalar_float
-        monkeypatch.setattr(module, "_scalar_float", lambda value, e: captured.append([value]) or scalar(value, e))
+    if hasattr(module, "from_unit"):  # BLT's scalar path converts its one int by itself
+        scalar = module.from_unit
+        monkeypatch.setattr(module, "from_unit", lambda value, e: captured.append([value]) or scalar(value, e))
     horizon, delta_sens = 32, 0.7
     xs = [0.1 * t + 1.0 / 7.0 for t in range(horizon)]
     runs = []
