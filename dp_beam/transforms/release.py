@@ -500,6 +500,10 @@ class LoggedReleaseDoFn(OrderedReleaseDoFn):
                    timer=beam.DoFn.TimerParam(TIMER),
                    log_bag=beam.DoFn.StateParam(LOG),
                    log_meta=beam.DoFn.StateParam(LOG_META)):
-        log = BagLog(log_bag, log_meta, self._log_reads, self._log_compactions)
         yield from self._fire(key, fire, buffer, mech_state, next_state, first_state,
-                              earliest_state, timer, log=log)
+                              earliest_state, timer, log=self.stream_log(log_bag, log_meta))
+
+    def stream_log(self, bag: Any, meta: Any) -> BagLog:
+        """A firing's :class:`BagLog` over the ``log`` and ``log_meta`` cells (or stand-ins of
+        them, as the timer-free shard release passes), counting into this DoFn's metrics."""
+        return BagLog(bag, meta, self._log_reads, self._log_compactions)

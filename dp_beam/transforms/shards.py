@@ -29,7 +29,11 @@ shard, instead of once per (key, step) and again per stream.
 
 The shard of a key is public (a hash of the key, which is public: declared
 or privately selected), so routing reveals nothing. Specs that keep a
-per-key log (the ERM streams) keep the per-key path.
+per-key log (the ERM streams, the paper preset of the mean) are sharded only
+on bounded input: each stream fires once there, so its log lives in memory
+for that one firing, while a streaming shard would rewrite every stream's
+log with its one state cell at every firing; streaming, they keep the
+per-key path and its ``BagState`` log.
 """
 
 import itertools
@@ -42,7 +46,7 @@ from apache_beam.transforms.userstate import ReadModifyWriteStateSpec, TimerSpec
 from apache_beam.utils.timestamp import Timestamp
 
 from dp_beam.mechanisms.noise_key import encode_identity
-from dp_beam.transforms.release import OrderedReleaseDoFn
+from dp_beam.transforms.release import LoggedReleaseDoFn, OrderedReleaseDoFn
 from dp_beam.transforms.release_spec import key_label
 from dp_beam.transforms.schedule import NotAdmitted, StreamStart
 # Routing lives with the keys (the partial totals route by shard before the release).
@@ -69,19 +73,20 @@ class _Cell:
 
 
 class _Bag:
-    """A BagState stand-in over a stream's buffered aggregates."""
+    """A BagState stand-in over one list field of a stream's entry (its buffered aggregates,
+    or its log)."""
 
-    def __init__(self, entry: Dict[str, Any]):
-        self._entry = entry
+    def __init__(self, entry: Dict[str, Any], name: str = "buffer"):
+        self._entry, self._name = entry, name
 
     def read(self):
-        return list(self._entry.get("buffer", ()))
+        return list(self._entry.get(self._name, ()))
 
     def add(self, value):
-        self._entry.setdefault("buffer", []).append(value)
+        self._entry.setdefault(self._name, []).append(value)
 
     def clear(self):
-        self._entry.pop("buffer", None)
+        self._entry.pop(self._name, None)
 
 
 class _Timer:
@@ -176,7 +181,9 @@ class BatchShardReleaseDoFn(beam.DoFn):
     in. Each element is fed to the per-key DoFn's own ``_process`` on
     in-memory stand-ins, then each stream whose timer was set is fired
     once at that time with ``_fire``, exactly as the stateful path would
-    when the watermark reaches the end of input. So the records (releases,
+    when the watermark reaches the end of input (a spec with a log gets
+    :class:`~dp_beam.transforms.bag_log.BagLog` over in-memory stand-ins of
+    the log cells, empty as the per-key log is at that one firing). So the records (releases,
     ledger, invalid) are the same bit for bit, without a state read or
     write per element or a timer per shard. Streams are fired in the order
     of their keys' canonical encoding, so that the order does not depend on
@@ -192,8 +199,10 @@ class BatchShardReleaseDoFn(beam.DoFn):
 
     def __init__(self, inner: OrderedReleaseDoFn,
                  combine_fn: Optional[beam.CombineFn] = None) -> None:
-        if not isinstance(inner, OrderedReleaseDoFn) or getattr(inner._spec, "uses_log", False):
-            raise ValueError("inner must be an OrderedReleaseDoFn over a spec without a log")
+        if not isinstance(inner, OrderedReleaseDoFn) or (
+                getattr(inner._spec, "uses_log", False) and not isinstance(inner, LoggedReleaseDoFn)):
+            raise ValueError("inner must be an OrderedReleaseDoFn (a LoggedReleaseDoFn for a spec "
+                             "with a log)")
         if not inner._bounded:
             raise ValueError("the timer-free release needs bounded input (inner must be bounded)")
         self._inner = inner
@@ -253,4 +262,7 @@ class BatchShardReleaseDoFn(beam.DoFn):
             due = entry.pop("timer", None)
             if due is None:
                 continue
-            yield from inner._fire(key, Timestamp(due), *cells)
+            log = {}
+            if isinstance(inner, LoggedReleaseDoFn):
+                log["log"] = inner.stream_log(_Bag(entry, "log"), _Cell(entry, "log_meta"))
+            yield from inner._fire(key, Timestamp(due), *cells, **log)

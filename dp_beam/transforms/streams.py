@@ -187,9 +187,10 @@ def release_in_order(aggregates: beam.PCollection, spec: ReleaseSpec, plan: Iter
     ``shards`` > 0 routes the streams to that many shards and releases each
     shard with one stateful DoFn and one timer
     (:class:`~dp_beam.transforms.shards.ShardedReleaseDoFn`; same records);
-    0 keeps one stateful key per stream. Specs with a log always use the
-    per-key path. Bounded input with shards is released without state or
-    timers (:class:`~dp_beam.transforms.shards.BatchShardReleaseDoFn`);
+    0 keeps one stateful key per stream. Specs with a log use the per-key
+    path on unbounded input (see :mod:`~dp_beam.transforms.shards`). Bounded
+    input with shards is released without state or timers
+    (:class:`~dp_beam.transforms.shards.BatchShardReleaseDoFn`);
     ``combine_fn`` (only there) says that ``aggregates`` are partial
     accumulators of that fn already routed to their shards, ``(shard,
     [(key, step, accumulator), ...])``
@@ -206,7 +207,7 @@ def release_in_order(aggregates: beam.PCollection, spec: ReleaseSpec, plan: Iter
         released = _release_totals(aggregates, seeds, release_fn, shards, combine_fn)
         return _result(released, plan, invalids, extra_releases, extra_accounting)
     opened = (aggregates, seeds) | "Open" >> beam.Flatten().with_output_types(KV)
-    if shards and not spec.uses_log:
+    if shards and (bounded or not spec.uses_log):
         released = _release_sharded(opened, release_fn, shards, bounded)
     else:
         released = opened | "Release" >> beam.ParDo(release_fn).with_outputs(

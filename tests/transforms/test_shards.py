@@ -66,7 +66,9 @@ def test_batch_sharded_release_equals_per_key_release(make):
     assert _run_batch(make(keys, steps), keys, steps, 1) == per_key
 
 
-def test_batch_sharded_mean_equals_per_key_mean():
+@pytest.mark.parametrize("preset", ["tuned", "paper"])
+def test_batch_sharded_mean_equals_per_key_mean(preset):
+    # The paper preset keeps its medians' samples in a per-stream log.
     keys, steps = 6, 6
     events = [(f"k{k}", s * HOUR + 60.0 * j, float((k + j) % 7), f"u{j}") for k in range(keys)
               for s in range(steps) for j in range(3)]
@@ -78,7 +80,7 @@ def test_batch_sharded_mean_equals_per_key_mean():
                                        upper=6.0, max_samples_per_user=4, epsilon=1.0, step=HOUR,
                                        start=0, end=steps * HOUR, key_fn=lambda e: e[0],
                                        keys=[f"k{k}" for k in range(keys)], max_users=100,
-                                       noise_key=KEY, shards=shards))
+                                       noise_key=KEY, shards=shards, preset=preset))
             return {"releases": res.releases, "accounting": res.accounting}
 
         out = collect(batch_options(), build)
@@ -187,6 +189,22 @@ def test_timer_free_release_refuses_unbounded_input_and_stray_combine():
         release_in_order(None, spec, (), (), schedule=resolve_schedule(HOUR, 0, 4 * HOUR, None),
                          seeds=None, bounded=True, late="defer", seed=None, shards=0,
                          combine_fn=_SumCount())
+
+
+def test_a_spec_with_a_log_needs_the_logged_release_and_bounded_input_to_shard():
+    from dp_beam.transforms.continual import CounterReleaseSpec
+    from dp_beam.transforms.release import LoggedReleaseDoFn, OrderedReleaseDoFn
+    from dp_beam.transforms.shards import BatchShardReleaseDoFn, ShardedReleaseDoFn
+
+    count = dpb.ContinualCount(epsilon=1.0, step=HOUR, start=0, end=4 * HOUR)
+    spec = CounterReleaseSpec("c", HOUR, count._mechanism, count._config, count.plan_entry("c"))
+    spec.uses_log = True
+    with pytest.raises(ValueError, match="LoggedReleaseDoFn"):
+        BatchShardReleaseDoFn(OrderedReleaseDoFn(spec, bounded=True, end_step=4))
+    BatchShardReleaseDoFn(LoggedReleaseDoFn(spec, bounded=True, end_step=4))
+    # Streaming, a shard's one cell would rewrite every stream's log at every firing.
+    with pytest.raises(ValueError, match="without a log"):
+        ShardedReleaseDoFn(LoggedReleaseDoFn(spec, bounded=False, end_step=4))
 
 
 def test_batch_shard_release_merges_partial_totals_like_the_upstream_combine():
