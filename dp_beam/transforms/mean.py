@@ -172,6 +172,7 @@ class MeanReleaseSpec(ReleaseSpec):
         self._lower, self._upper = lower, upper
         self._ledger = ledger_template
         self.uses_log = bool(params.median_levels)
+        self._mechanism = f"{MECHANISM}+{params.mechanism}"
 
     def zero(self):
         return MeanAggregate()
@@ -208,7 +209,7 @@ class MeanReleaseSpec(ReleaseSpec):
             key=key, step=step, window_start=step * self.step_seconds,
             window_end=(step + 1) * self.step_seconds, value=plain(out.estimate),
             noise_std=plain(out.noise_std), ci95=plain(out.ci95),
-            mechanism=f"{MECHANISM}+{self._params.mechanism}",
+            mechanism=self._mechanism,
             transform=self.transform, t=out.t, diverse=out.diverse,
             denominator=float(out.denominator), active_levels=tuple(out.active),
             neighbours=self._params.neighbours)
@@ -471,8 +472,8 @@ class ContinualMean(beam.PTransform):
         schedule, declared, side = validation(self)
         prepared = events | "Validate" >> beam.ParDo(PrepareMeanEvents(
             label, self._value_fn, self._user_fn, self._key_fn, self._timestamp_fn,
-            self._lower, self._upper, schedule, declared, self._transient), **side).with_outputs(
-                INVALID, main="valid")
+            self._lower, self._upper, schedule, declared, self._transient,
+            stamp=not events.is_bounded), **side).with_outputs(INVALID, main="valid")
         invalids = [prepared[INVALID]]
         stage = dict(transform=label, params=self._params, lower=self._lower, upper=self._upper,
                      step_micros=self._step_micros, max_keys=self._max_keys,

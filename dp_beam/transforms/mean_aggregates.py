@@ -91,6 +91,9 @@ class PackedSamples:
         return out
 
     def __reduce__(self):
+        if not self._loose and not self._chunks:
+            # Most steps' accumulators carry no samples (every level active, or no medians).
+            return (PackedSamples, ())
         chunks = self._pack()
         if len(chunks) > 1:
             # One chunk on the wire: a step's samples arrive from many workers.
@@ -118,15 +121,29 @@ def merge_into(acc: MeanAggregate, agg: MeanAggregate) -> MeanAggregate:
             setattr(acc, name, getattr(merged, name))
         return acc
     acc.events += agg.events
-    for name in ("counts", "low", "n_low", "prefix", "proj", "a_inc"):
-        mine = getattr(acc, name)
-        for key, val in getattr(agg, name).items():
-            mine[key] = mine[key] + val if key in mine else val
+    # The six sums written out: a per-event loop over field names cost more than the sums.
+    if agg.counts:
+        _add_into(acc.counts, agg.counts)
+    if agg.low:
+        _add_into(acc.low, agg.low)
+    if agg.n_low:
+        _add_into(acc.n_low, agg.n_low)
+    if agg.prefix:
+        _add_into(acc.prefix, agg.prefix)
+    if agg.proj:
+        _add_into(acc.proj, agg.proj)
+    if agg.a_inc:
+        _add_into(acc.a_inc, agg.a_inc)
     if agg.samples:
         acc.samples.extend(agg.samples)
     if agg.max_count > acc.max_count:
         acc.max_count = agg.max_count
     return acc
+
+
+def _add_into(mine: Dict[Any, Any], other: Dict[Any, Any]) -> None:
+    for key, val in other.items():
+        mine[key] = mine[key] + val if key in mine else val
 
 
 def accumulator() -> MeanAggregate:

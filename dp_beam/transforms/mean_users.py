@@ -40,14 +40,19 @@ class PrepareMeanEvents(ValidatingDoFn):
     functions, ``None`` users or keys, non-real or non-finite coordinates,
     values of the wrong length and event times outside Beam's range go to
     ``invalid`` with the reason.
+
+    ``stamp=False`` (bounded input) leaves the valid outputs' timestamps as they were:
+    the per-user grouping that follows places its output at the end of the global
+    window whatever they are, and everything after it reads ``ts`` from the value.
     """
 
     def __init__(self, transform: str, value_fn: Callable[[Any], Any],
                  user_fn: Callable[[Any], Any], key_fn: Optional[Callable[[Any], Any]],
                  timestamp_fn: Optional[Callable[[Any], Any]], lower: Sequence[float],
                  upper: Sequence[float], schedule: Any = None, keys: Any = None,
-                 transient_errors: Any = TRANSIENT_ERRORS) -> None:
+                 transient_errors: Any = TRANSIENT_ERRORS, stamp: bool = True) -> None:
         super().__init__(transform, key_fn, timestamp_fn, schedule, keys, transient_errors)
+        self._stamp = stamp
         self._value_fn = value_fn
         self._user_fn = user_fn
         self._lo = [float(v) for v in lower]
@@ -106,7 +111,10 @@ class PrepareMeanEvents(ValidatingDoFn):
         if err:
             yield self._reject(element, err, timestamp)
             return
-        yield beam.window.TimestampedValue((user, (key, value, ts)), ts)
+        if self._stamp:
+            yield beam.window.TimestampedValue((user, (key, value, ts)), ts)
+        else:
+            yield user, (key, value, ts)
 
 
 class _UserStage(beam.DoFn):
@@ -163,10 +171,14 @@ class _UserStage(beam.DoFn):
                                 user, key, value, ts)
         latest = ts if entry[1] is None else max(entry[1], ts)
         entry[1] = latest
-        # The step of the event-time window Beam would assign (same microsecond rounding).
-        step = Timestamp.of(latest).micros // self._step_micros
+        # The step of the event-time window Beam would assign (same microsecond rounding:
+        # Timestamp.of(seconds).micros is int(seconds * 10**6) for an int or a float).
+        micros = (int(latest * 1000000) if type(latest) in (float, int)
+                  else Timestamp.of(latest).micros)
+        step = micros // self._step_micros
         if self._scalar:
-            x = np.array([(value - self._lo0) / self._r0])
+            # A float: the mechanism's scalar schedule (the same arithmetic as on arrays).
+            x = float((value - self._lo0) / self._r0)
         else:
             x = (np.asarray(value, dtype=np.float64) - self._lower) / self._range
         return contribution(self._params, ustate, x, step=step), latest, step

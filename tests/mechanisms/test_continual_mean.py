@@ -9,7 +9,8 @@ import pytest
 from dp_beam.mechanisms import SeededNoise, ZeroNoise
 from dp_beam.mechanisms.noise import gaussian_halfwidth
 from dp_beam.mechanisms.continual_mean import (
-    PRIOR_RATIOS, QUERY_SHARE, ContinualMeanMechanism, ContinualMeanCore, MeanAggregate, MeanParams, MultiTreeMean,
+    PRIOR_RATIOS, QUERY_SHARE, ContinualMeanMechanism, ContinualMeanCore, MeanAggregate, MeanParams, MeanStep,
+    MultiTreeMean,
     NaiveMean,
     SingleTreeMean, StepNaiveMean, StepPriorMean, UserState, prior_truncation,
     _contiguous_arrays, _hashed_arrays, contribution, element_size, exponential_mechanism,
@@ -923,3 +924,91 @@ def test_noise_source_swap_in_place_equals_state_round_trip(preset, noise):
         assert np.array_equal(np.atleast_1d(a.estimate), np.atleast_1d(b.estimate))
         assert (a.noise_std, a.diverse, a.t) == (b.noise_std, b.diverse, b.t)
     assert swapped.to_state() == restored.to_state()
+
+
+# -- fast paths: floats for d = 1, the same bits as the array paths ---------------------------
+
+
+def _hex(value):
+    return [float(v).hex() for v in np.ravel(value)]
+
+
+def _scalar_stream(params, users, steps, seed):
+    """Per step, the users' samples in [0, 1] (a user sends 0 to 3 samples a step)."""
+    rnd = random.Random(seed)
+    means = {u: rnd.uniform(0.1, 0.9) for u in range(users)}
+    return [[(u, min(max(rnd.gauss(means[u], 0.2), 0.0), 1.0))
+             for u in range(users) for _ in range(rnd.choice((0, 1, 1, 2, 3)))]
+            for _ in range(steps)]
+
+
+@pytest.mark.parametrize("config", [
+    dict(max_users=200, max_samples_per_user=256, epsilon=20.0),
+    dict(max_users=200, max_samples_per_user=256, epsilon=20.0, neighbours="values"),
+    dict(max_users=2000, max_samples_per_user=72, epsilon=1.0),
+    dict(max_users=200, max_samples_per_user=64, epsilon=20.0, noise="gaussian", delta=1e-6),
+    dict(max_users=150, max_samples_per_user=32, epsilon=40.0, preset="paper"),
+    dict(max_users=150, max_samples_per_user=32, epsilon=40.0, preset="paper", neighbours="values"),
+])
+def test_float_samples_and_scalar_core_are_bit_for_bit_the_array_paths(config):
+    """With d = 1 a sample given as a float takes the scalar schedule
+    (``aggregate._contribution_scalar``) and the core computes on floats (``_scalar``); the
+    aggregates, every released field, the states and the noise draws equal those of the array
+    paths (1-element arrays) to the last bit, here with levels that activate mid-stream."""
+    params = MeanParams(**config)
+    stream = _scalar_stream(params, users=60, steps=40, seed=5)
+    states = {"float": {}, "array": {}}
+    cores = {"float": ContinualMeanCore(params, 0.0, 4.0, rng=SeededNoise(11)),
+             "array": ContinualMeanCore(params, 0.0, 4.0, rng=SeededNoise(11))}
+    cores["array"]._scalar = False
+    activated = set()
+    for t, samples in enumerate(stream):
+        outs = {}
+        for path, core in cores.items():
+            agg = MeanAggregate()
+            for u, x in samples:
+                state = states[path].setdefault(u, UserState(uhash=1000 + u))
+                sample = x if path == "float" else np.array([x])
+                agg = agg.merge(contribution(params, state, sample, step=t))
+            if path == "float":
+                assert all(type(v) is float for v in agg.low.values())
+                float_agg = agg
+            else:
+                assert sorted(agg.low) == sorted(float_agg.low)
+                assert [_hex(agg.low[lv]) for lv in sorted(agg.low)] == \
+                    [_hex(float_agg.low[lv]) for lv in sorted(agg.low)]
+            outs[path] = core.step(agg)
+        a, b = outs["float"], outs["array"]
+        for field in MeanStep.__slots__:
+            va, vb = getattr(a, field), getattr(b, field)
+            if field in ("estimate", "noise_std", "ci95", "denominator"):
+                assert type(va) is float and _hex(va) == _hex(vb), (t, field)
+            else:
+                assert va == vb, (t, field)
+        activated.update(a.active)
+        assert cores["float"].to_state().keys() == cores["array"].to_state().keys()
+        assert repr(cores["float"].to_state()) == repr(cores["array"].to_state())
+    assert {u: s.to_tuple() for u, s in states["float"].items()} == \
+        {u: s.to_tuple() for u, s in states["array"].items()}
+    if params.median_levels or config["max_users"] == 200:
+        # Some level with a prior activates within the stream (its prior then applies).
+        assert activated & set(params.prior_levels)
+
+
+def test_public_noise_figures_are_the_counters_own():
+    """The core's shared cache of noise stds and half-widths returns what each counter
+    computes itself, for every step and mechanism (they are public functions of t)."""
+    from dp_beam.mechanisms.continual_mean.core import _config_token, _public_noise
+    from dp_beam.mechanisms.counting.registry import MECHANISMS
+
+    for name, cls in MECHANISMS.items():
+        for horizon in (40, None):
+            kw = dict(epsilon=0.5, sensitivity=2.0, horizon=horizon, rng=3)
+            if name != "tree" and name != "honaker" and name != "smooth_binary":
+                kw.update(noise="gaussian", delta=1e-6)
+            tree = cls(**kw)
+            token = _config_token(tree)
+            for t in range(1, 41):
+                tree.step(1.0)
+                assert _public_noise(tree, token, t, "std") == tree.noise_std(t)
+                assert _public_noise(tree, token, t, "ci") == tree.ci_halfwidth(t)

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from .params import MeanParams
-from .schedule import UserState, element_size, withhold_release
+from .schedule import UserState, element_size, release_level, withhold_release
 
 __all__ = [
     "MeanAggregate",
@@ -75,7 +75,8 @@ class MeanAggregate:
 
 
 def _rebuild_aggregate(fields):
-    agg = MeanAggregate()
+    # Every field is set below: no empty dicts to build first.
+    agg = MeanAggregate.__new__(MeanAggregate)
     (agg.events, agg.counts, agg.low, agg.n_low, agg.prefix, agg.proj, agg.a_inc, agg.samples,
      agg.max_count) = fields
     return agg
@@ -92,9 +93,12 @@ def contribution(params: MeanParams, state: UserState, x: Any, step: int = 0) ->
 
     ``state`` (a :class:`UserState`) is updated in place. This is the only
     place besides Algorithm 7 that reads sample values (AC-5); every projection
-    happens here, for every candidate prior.
+    happens here, for every candidate prior. With d = 1 and no prior query, ``x`` may be a
+    float: then the aggregate's element sums are floats too (:func:`_contribution_scalar`).
     """
     store_upto = element_size(max(params.median_levels)) if params.median_levels else 0
+    if type(x) is float and params.dim == 1 and not params.query:
+        return _contribution_scalar(params, state, x, step, store_upto)
     out = withhold_release(state, x, params.L, store_upto, step)
     agg = MeanAggregate()
     agg.events = 1
@@ -129,4 +133,54 @@ def contribution(params: MeanParams, state: UserState, x: Any, step: int = 0) ->
             centres = s * params.grid(level).reshape(-1, 1)              # G × 1
             D = params.Delta[level]
             agg.proj[level] = np.clip(out["element"].reshape(1, -1), centres - D, centres + D)
+    return agg
+
+
+def _contribution_scalar(params: MeanParams, state: UserState, x: float, step: int,
+                         store_upto: int) -> MeanAggregate:
+    """:func:`contribution` of a sample of d = 1 given as a float (M-2).
+
+    The schedule of :func:`~.schedule.withhold_release` on Python floats: the segment
+    sums are the same float64 additions as on 1-element arrays (so the same bits), and
+    the aggregate's ``low`` sums are floats, which merge by the same additions and
+    pickle without an array each. Median samples and projections stay arrays, as
+    the core reads them.
+    """
+    if state.count == 0:
+        state.first_step = step
+        segment = 0.0
+    else:
+        segment = state.segment
+        if type(segment) is not float:
+            segment = float(segment[0])
+    count = state.count = state.count + 1
+    segment = segment + x
+    agg = MeanAggregate()
+    agg.events = 1
+    agg.max_count = count
+    for level in params.median_levels:
+        if count <= element_size(level):
+            agg.a_inc[level] = 1
+    if count <= store_upto:
+        agg.samples = [((state.first_step, state.uhash), count, np.array([x], dtype=np.float64))]
+    # Sample index k lies in level ℓ = ⌈log2 k⌉ (samples 2^{ℓ−1}+1 … 2^ℓ; level 0: k = 1).
+    sample_level = (count - 1).bit_length()
+    if sample_level in params.immediate:
+        agg.low[sample_level] = x
+        agg.n_low[sample_level] = 1
+    level = release_level(count, params.L)
+    if level is None:
+        state.segment = segment
+        return agg
+    state.segment = 0.0
+    agg.counts[level] = 1
+    if level in params.immediate:
+        pass                                   # its samples went in as they arrived
+    elif level not in params.prior_set:
+        agg.low[level] = segment
+    else:
+        s = element_size(level)
+        centres = s * params.grid(level).reshape(-1, 1)              # G × 1
+        D = params.Delta[level]
+        agg.proj[level] = np.clip(np.array([[segment]]), centres - D, centres + D)
     return agg

@@ -9,6 +9,8 @@ released estimate, stepped once per time step with one merged
 """
 
 import dataclasses
+import functools
+import itertools
 import math
 from typing import Any, Dict, Optional
 
@@ -36,9 +38,12 @@ class MeanStep:
     __slots__ = ("t", "estimate", "diverse", "noise_std", "ci95", "denominator", "active",
                  "priors", "events")
 
-    def __init__(self, **kw: Any) -> None:
-        for k in self.__slots__:
-            setattr(self, k, kw.get(k))
+    def __init__(self, t: Any = None, estimate: Any = None, diverse: Any = None,
+                 noise_std: Any = None, ci95: Any = None, denominator: Any = None,
+                 active: Any = None, priors: Any = None, events: Any = None) -> None:
+        self.t, self.estimate, self.diverse = t, estimate, diverse
+        self.noise_std, self.ci95, self.denominator = noise_std, ci95, denominator
+        self.active, self.priors, self.events = active, priors, events
 
     def __repr__(self):
         return f"MeanStep(t={self.t}, estimate={self.estimate}, diverse={self.diverse})"
@@ -88,9 +93,43 @@ class ContinualMeanCore:
         self.prefix_mean = np.zeros(params.dim)
         self.prefix_inv = 0.0
         self.query = None                    # (estimate in [0,1]^d, public bound, step)
+        self._init_fast()
+
+    def _init_fast(self):
+        """Derived values that are not state: rebuilt by the constructor and :meth:`from_state`.
+
+        With d = 1 a step's vectors are Python floats (``_scalar``): the same IEEE-754
+        operations in the same order as on 1-element arrays, so the same bits, at a
+        fraction of the cost of NumPy's small-array calls (tests/mechanisms/
+        test_continual_mean.py compares the two paths).
+        """
+        p = self.p
+        self._scalar = p.dim == 1
+        self._lo0 = float(self.lower[0])
+        self._range0 = float(self.upper[0] - self.lower[0])
+        self._weights = p.count_weights.tolist()
+        self._weight_scalars = list(p.count_weights)
+        # Each tree's release of the current step, as its step returned it (the same
+        # value ``current()`` reads back from the nodes).
+        self._released = {}
+        self._nc = None                      # this step's noisy counts (list of floats)
+        self._centres = {}                   # level → centre per sample, fixed by its prior
+        self._active_sets = None             # (active levels, tree keys, count groups)
+        # Per count group: its levels fed at once, and its other levels with their sizes.
+        self._count_plan = [(tuple(lv for lv in group if lv in p.immediate),
+                             tuple((lv, element_size(lv)) for lv in group if lv not in p.immediate))
+                            for group in p.count_groups]
+        self._tokens = {j: _config_token(tree) for j, tree in self.trees.items()}
+        if self.count_tree is not None:
+            self._tokens["count"] = _config_token(self.count_tree)
+        # Asked before every step by a release that reseeds in place; the trees are fixed.
+        self._can_swap = self._trees_can_swap()
 
     def can_swap_source(self) -> bool:
         """True when :meth:`set_noise_source` can swap every tree's source in place."""
+        return self._can_swap
+
+    def _trees_can_swap(self):
         trees = list(self.trees.values()) + ([self.count_tree] if self.count_tree is not None else [])
         return all(hasattr(tree, "set_noise_source") for tree in trees)
 
@@ -141,6 +180,7 @@ class ContinualMeanCore:
                 setattr(core, f.name, getattr(record, f.name))
         core.trees = {j: _tree_from(s, core.source) for j, s in record.trees.items()}
         core.count_tree = None if record.count_tree is None else _tree_from(record.count_tree, core.source)
+        core._init_fast()
         return core
 
     # -- the step --------------------------------------------------------------
@@ -210,26 +250,35 @@ class ContinualMeanCore:
             self._step_count_tree(agg)
         feed, fed_n = self._activate(agg)
         totals = self._tree_inputs(agg, feed, fed_n)
+        released = self._released = {}
         for j, group in enumerate(p.tree_groups):
-            self.trees[j].step(sum(totals[lv] for lv in group))
+            released[j] = self.trees[j].step(sum(totals[lv] for lv in group))
         return self._output(agg)
 
     def _step_count_tree(self, agg):
         """Participation: the count tree's step, read back as clamped noisy counts (M-5)."""
         p = self.p
-        inc = np.zeros(p.count_dim)
-        for j, (group, unit) in enumerate(zip(p.count_groups, p.count_unit)):
-            inc[j] = sum(self._new_samples(lv, agg) for lv in group) / unit
-        for i, lv in enumerate(p.median_levels):
-            inc[len(p.count_groups) + i] = agg.a_inc.get(lv, 0) / element_size(lv)
+        # Per coordinate in floats: float64 products and quotients, as on arrays.
+        n_low, counts = agg.n_low, agg.counts
+        # Integer sums (exact in any order) of _new_samples over each group's levels.
+        inc = [(sum(n_low.get(lv, 0) for lv in fed) if fed and n_low else 0)
+               + (sum(size * counts.get(lv, 0) for lv, size in whole) if whole and counts else 0)
+               for fed, whole in self._count_plan]
+        inc = [n / unit for n, unit in zip(inc, p.count_unit)]
+        inc += [agg.a_inc.get(lv, 0) / element_size(lv) for lv in p.median_levels]
         # Coordinate j carries v_j times its count (public weights); divided back here.
-        noisy = self.count_tree.step(inc * p.count_weights)
-        self.noisy_counts = np.atleast_1d(np.asarray(noisy, dtype=np.float64)) / p.count_weights
+        x = [a * w for a, w in zip(inc, self._weights)]
+        noisy = self.count_tree.step(x[0] if len(x) == 1 else x)
+        noisy = [noisy] if type(noisy) is float else np.ravel(noisy).tolist()
+        nc = [v / w for v, w in zip(noisy, self._weights)]
         if p.preset == "tuned":
             # Post-processing: every count coordinate is a number of users (or of
             # elements, one per user) in [0, n]. With centred elements a level whose
             # count clamps to 0 drops out of numerator and denominator alike.
-            self.noisy_counts = np.clip(self.noisy_counts, 0.0, float(p.n))
+            n = float(p.n)
+            nc = [_clip(v, 0.0, n) for v in nc]
+        self._nc = nc
+        self.noisy_counts = np.array(nc, dtype=np.float64)
 
     def _activate(self, agg):
         """Buffer inactive levels' elements, activate the levels whose prior is due and
@@ -257,6 +306,8 @@ class ContinualMeanCore:
                     continue
                 self.prior[lv] = idx
             self.active[lv] = True
+            self._centres.pop(lv, None)
+            self._active_sets = None
             if lv in self.buffer:
                 # The buffer holds every level-ℓ element so far, this step's included (M-3).
                 feed[lv] = self._pick(lv, self.buffer.pop(lv))
@@ -268,6 +319,8 @@ class ContinualMeanCore:
     def _tree_inputs(self, agg, feed, fed_n):
         """Each level's input this step, centred under participation (M-4)."""
         p = self.p
+        if self._scalar:
+            return self._tree_inputs_scalar(agg, feed, fed_n)
         totals = {}
         for lv in p.levels:
             x = np.zeros(p.dim)
@@ -282,6 +335,29 @@ class ContinualMeanCore:
             if p.participation:
                 # Centre before the tree: presence, not spread, is what a user changes.
                 if lv in p.immediate:
+                    x = x - 0.5 * agg.n_low.get(lv, 0)
+                elif n_new:
+                    x = x - n_new * self._centre(lv)
+            totals[lv] = x
+        return totals
+
+    def _tree_inputs_scalar(self, agg, feed, fed_n):
+        """:meth:`_tree_inputs` with d = 1, each input a float (M-4)."""
+        p = self.p
+        totals = {}
+        participation, immediate = p.participation, p.immediate
+        for lv in p.levels:
+            x = 0.0
+            if lv not in p.prior_set:
+                if lv in agg.low:
+                    x = _scalar(agg.low[lv])
+                n_new = agg.counts.get(lv, 0)
+            else:
+                if lv in feed:
+                    x = _scalar(feed[lv])
+                n_new = fed_n.get(lv, 0)
+            if participation:
+                if lv in immediate:
                     x = x - 0.5 * agg.n_low.get(lv, 0)
                 elif n_new:
                     x = x - n_new * self._centre(lv)
@@ -304,17 +380,31 @@ class ContinualMeanCore:
         s = element_size(level)
         if level not in self.p.prior_set:
             return 0.5 * s
+        centre = self._centres.get(level)
+        if centre is None:
+            # Fixed once the level's prior is: computed once per activation.
+            centre = self._centres[level] = self._prior_centre(level, s)
+        return centre
+
+    def _prior_centre(self, level, s):
+        """The centre of a level with a prior (a float with d = 1, else a d-array)."""
         c = s * self._prior_values(level)
         if self.p.preset == "paper":
-            return c
+            return float(c[0]) if self._scalar else c
         # Tuned: midpoint of J_ℓ = I_ℓ ∩ [0, s], so |Π(S) − centre| <= min(Δ_ℓ, s/2).
         D = self.p.Delta[level]
-        return (np.maximum(c - D, 0.0) + np.minimum(c + D, s)) / 2
+        c = (np.maximum(c - D, 0.0) + np.minimum(c + D, s)) / 2
+        return float(c[0]) if self._scalar else c
 
     def _output(self, agg):
         p = self.p
-        active = [lv for lv in p.levels if self.active[lv]]
-        tree_keys = [j for j, group in enumerate(p.tree_groups) if any(self.active[lv] for lv in group)]
+        if self._active_sets is None:
+            # Changes only when a level activates.
+            self._active_sets = (
+                [lv for lv in p.levels if self.active[lv]],
+                [j for j, group in enumerate(p.tree_groups) if any(self.active[lv] for lv in group)],
+                [j for j, group in enumerate(p.count_groups) if all(self.active[lv] for lv in group)])
+        active, tree_keys, _ = self._active_sets
         if not p.participation:
             est01, std01, ci01, den = self._estimate_values(active, tree_keys)
             diverse = self._diverse_values()
@@ -328,7 +418,7 @@ class ContinualMeanCore:
     def _estimate_values(self, active, tree_keys):
         """``(estimate, std, 95 % half-width, denominator)`` in [0, 1] units; counts public (M-1)."""
         p = self.p
-        num = sum(self.trees[key].current() for key in tree_keys)
+        num = sum(self._released[key] for key in tree_keys)
         den = float(sum(self._covered(lv) for lv in active))
         est01 = np.asarray(num, dtype=np.float64) / den if den > 0 else np.full(p.dim, 0.5)
         trees = [self.trees[key] for key in tree_keys] if self.t else []
@@ -349,16 +439,23 @@ class ContinualMeanCore:
         return est01, std01, ci01, den
 
     def _estimate_participation(self, tree_keys):
-        """``(estimate, std, half-width, denominator, activation std)`` from noisy counts (M-5)."""
+        """``(estimate, std, half-width, denominator, activation std)`` from noisy counts (M-5).
+
+        With d = 1 the estimate and its std are floats, else d-arrays (``_init_fast``)."""
         p = self.p
-        nc = self.noisy_counts
-        num = sum(np.asarray(self.trees[key].current(), dtype=np.float64) for key in tree_keys)
-        num = num + np.zeros(p.dim)
+        scalar = self._scalar
+        nc = self._nc
+        released = self._released
+        if scalar:
+            num = sum(released[key] for key in tree_keys) + 0.0
+        else:
+            num = sum(np.asarray(released[key], dtype=np.float64) for key in tree_keys)
+            num = num + np.zeros(p.dim)
         den = 0.0
-        groups = [j for j, group in enumerate(p.count_groups) if all(self.active[lv] for lv in group)]
+        groups = self._active_sets[2]
         # Per count coordinate: samples per unit and centre per sample (levels of a
         # merged coordinate are untruncated and share the centre ½).
-        units = {j: p.count_unit[j] for j in groups}
+        units = p.count_unit
         centres = {j: self._centre(p.count_groups[j][0]) / element_size(p.count_groups[j][0])
                    for j in groups}
         for j in groups:
@@ -368,10 +465,12 @@ class ContinualMeanCore:
         # First-order (delta-method) std: tree noise plus the count noise
         # weighted by how far each coordinate's centre is from the estimate
         # (coordinate j of the count tree carries v_j times its count: noise cstd/v_j).
-        cstd = self.count_tree.noise_std(self.t)
-        tvar = sum(self.trees[key].noise_std(self.t) ** 2 for key in tree_keys)
-        eta = {j: cstd / p.count_weights[j] for j in groups}
-        sd_den = math.sqrt(sum((units[j] * eta[j]) ** 2 for j in groups))
+        t = self.t
+        tokens = self._tokens
+        cstd = _public_noise(self.count_tree, tokens["count"], t, "std")
+        tvar = sum(_public_noise(self.trees[key], tokens[key], t, "std") ** 2 for key in tree_keys)
+        # Public: a function of t and of which coordinates are in, shared by every stream.
+        eta, sd_den, floor = _count_noise(cstd, tuple(groups), tuple(units), tuple(self._weight_scalars))
         # Post-processing of noisy counts: the denominator is at least one sample
         # and, tuned, at least its noise's 95 % half-width (public). Below that a
         # ratio estimate divides by noise (heavy Laplace tails made single runs
@@ -380,14 +479,18 @@ class ContinualMeanCore:
         if p.preset == "paper":
             den = max(den, 1.0)
         else:
-            floor = max(1.0, gaussian_halfwidth(sd_den))
             if den < floor:
                 num = num + 0.5 * (floor - den)
                 den = floor
         est01 = num / den
 
-        var = tvar + sum((units[j] * (centres[j] - est01) * eta[j]) ** 2 for j in groups)
-        std01 = np.sqrt(var) / den
+        if scalar:
+            # Squares as products, as NumPy squares an array (x ** 2 on a float calls pow).
+            var = tvar + sum(_square(units[j] * (centres[j] - est01) * eta[j]) for j in groups)
+            std01 = math.sqrt(var) / den
+        else:
+            var = tvar + sum((units[j] * (centres[j] - est01) * eta[j]) ** 2 for j in groups)
+            std01 = np.sqrt(var) / den
         ci01 = gaussian_halfwidth(1.0) * std01
         # For the activation bound: the error is exactly (a − r·b)/den̂, with a, b the
         # numerator and denominator noises and r the exact mean. The std sd(r) of
@@ -395,12 +498,21 @@ class ContinualMeanCore:
         # so |error| <= z·sd(r)/den̂ implies |error| <= z·sd(est)/(den̂ − z·sd(b)).
         z = gaussian_halfwidth(1.0, PRIOR_CONFIDENCE)
         slack = den_raw - z * sd_den
-        bound_std = std01 * den / slack if slack > 0 else np.full(p.dim, math.inf)
+        if slack > 0:
+            bound_std = std01 * den / slack
+        else:
+            bound_std = math.inf if scalar else np.full(p.dim, math.inf)
         return est01, std01, ci01, den, bound_std
 
     def _release(self, agg, active, est01, std01, ci01, den, diverse):
         """The :class:`MeanStep` in the units of ``[lower, upper]`` (post-processing)."""
         p = self.p
+        if self._scalar and p.participation:
+            # Floats throughout (_estimate_participation): the same products and sum.
+            R = self._range0
+            estimate, noise_std, ci95 = float(self._lo0 + R * est01), float(R * std01), float(R * ci01)
+            return MeanStep(self.t, estimate, bool(diverse), noise_std, ci95, den, tuple(active),
+                            {lv: self._prior_values(lv).tolist() for lv in self.prior}, agg.events)
         R = self.upper - self.lower
         estimate = self.lower + R * est01
         noise_std = R * std01
@@ -422,8 +534,13 @@ class ContinualMeanCore:
         std are the noisy, first-order ones. Everything here is computed from released
         values and public constants, so activation is post-processing.
         """
-        self.last_est01 = np.asarray(est01, dtype=np.float64).copy()
-        std = float(np.max(std01))
+        if self._scalar and self.p.participation:
+            # The float estimate of _estimate_participation, stored as the array it stands for.
+            self.last_est01 = np.array([est01], dtype=np.float64)
+            std = float(std01)
+        else:
+            self.last_est01 = np.asarray(est01, dtype=np.float64).copy()
+            std = float(np.max(std01))
         if den <= 0 or not math.isfinite(std):
             self.last_bound = math.inf
             return
@@ -443,9 +560,75 @@ class ContinualMeanCore:
     def _diverse_participation(self):
         """Participation: M_t is private, so the flag says every level whose noisy
         element count exceeds its 95 % noise half-width is active (post-processing)."""
-        margin = self.count_tree.ci_halfwidth(self.count_tree.t)
-        return all(all(self.active[lv] for lv in group) or self.noisy_counts[j] <= margin / self.p.count_weights[j]
-                   for j, group in enumerate(self.p.count_groups))
+        margin = _public_noise(self.count_tree, self._tokens["count"], self.count_tree.t, "ci")
+        nc, weights, whole = self._nc, self._weight_scalars, self._active_sets[2]
+        return all(j in whole or nc[j] <= margin / weights[j] for j in range(len(self.p.count_groups)))
+
+
+def _clip(x: float, low: float, high: float) -> float:
+    """``np.clip`` of one float: the bound only when x is strictly outside it (so that a
+    signed zero stays as NumPy leaves it)."""
+    if not x >= low:
+        x = low
+    if not x <= high:
+        x = high
+    return x
+
+
+def _scalar(value: Any) -> float:
+    """The float of a 1-vector (an array of shape (1,), or already a float)."""
+    return value if type(value) is float else float(np.ravel(value)[0])
+
+
+def _square(x: Any) -> Any:
+    return x * x
+
+
+#: Public noise figures of counters by (configuration token, t, what): every stream of a
+#: transform has counters of the same few configurations, and each asks at every step.
+_PUBLIC_NOISE: Dict[Any, float] = {}
+_CONFIG_TOKENS: Dict[Any, int] = {}
+_NEXT_TOKEN = itertools.count()
+
+
+def _config_token(tree: Any) -> Optional[int]:
+    """A small key for a counter's class and configuration (None: no configuration to key by)."""
+    config = getattr(tree, "config", None)
+    if config is None:
+        return None
+    key = (type(tree), config)
+    token = _CONFIG_TOKENS.get(key)
+    if token is None:
+        if len(_CONFIG_TOKENS) >= 4096:
+            _CONFIG_TOKENS.clear()
+        # Never reused: a token cached below always means one configuration.
+        token = _CONFIG_TOKENS[key] = next(_NEXT_TOKEN)
+    return token
+
+
+def _public_noise(tree: Any, token: Optional[int], t: int, what: str) -> float:
+    """``tree.noise_std(t)`` (``what="std"``) or ``tree.ci_halfwidth(t)`` (``"ci"``), computed
+    once per configuration and t: both are public functions of these alone (C-7)."""
+    if token is None:
+        return tree.noise_std(t) if what == "std" else tree.ci_halfwidth(t)
+    key = (token, t, what)
+    value = _PUBLIC_NOISE.get(key)
+    if value is None:
+        if len(_PUBLIC_NOISE) >= 65536:
+            _PUBLIC_NOISE.clear()
+        value = _PUBLIC_NOISE[key] = tree.noise_std(t) if what == "std" else tree.ci_halfwidth(t)
+    return value
+
+
+@functools.lru_cache(maxsize=4096)
+def _count_noise(cstd: float, groups: tuple, units: tuple, weights: tuple) -> tuple:
+    """``(η_j per coordinate, sd of the noisy denominator, its tuned floor)`` of
+    :meth:`ContinualMeanCore._estimate_participation`: public, a function of the count
+    tree's std at t and of which coordinates are in (M-5)."""
+    eta = {j: cstd / weights[j] for j in groups}
+    sd_den = math.sqrt(sum((units[j] * eta[j]) ** 2 for j in groups))
+    floor = max(1.0, gaussian_halfwidth(sd_den))
+    return eta, sd_den, floor
 
 
 def _tree_from(state: Any, source: Any) -> Any:

@@ -74,7 +74,10 @@ class UserState:
         self.covered = covered
 
     def to_tuple(self) -> Tuple[Any, ...]:
-        seg = None if self.segment is None else tuple(float(v) for v in self.segment)
+        seg = self.segment
+        if seg is not None:
+            # A float: the segment of a scalar stream (aggregate._contribution_scalar).
+            seg = (seg,) if type(seg) is float else tuple(float(v) for v in seg)
         cov = None if self.covered is None else tuple(float(v) for v in self.covered)
         return (self.count, seg, self.first_step, self.uhash, cov)
 

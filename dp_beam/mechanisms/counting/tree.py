@@ -345,6 +345,8 @@ class BinaryTreeMechanism(CounterParameters):
         """
         if type(x) is float and self._dim == 1:
             return self._step_scalar(x)
+        if type(x) is list and len(x) == self._dim > 1 and all(type(v) is float for v in x):
+            return self._step_rows(x)
         arr = self._check_x(x)
         t = self._t + 1
         if self._horizon is not None:
@@ -414,6 +416,56 @@ class BinaryTreeMechanism(CounterParameters):
             count >>= 1
             level += 1
         return total
+
+    def _step_rows(self, x: List[float]) -> np.ndarray:
+        """:meth:`step` of a short vector given as a list of floats (C-3): :meth:`_tree_add` and
+        :meth:`_tree_sum` per coordinate on Python floats, the same additions in the same
+        order (so the same bits), without the small-array calls that cost more than the
+        arithmetic. Returns a new array, as :meth:`step` does."""
+        if not all(math.isfinite(v) for v in x):
+            raise ValueError(f"x must be finite, got {x!r}")
+        t = self._t + 1
+        if self._horizon is not None:
+            if t > self._horizon:
+                raise ValueError(f"horizon exceeded: horizon is {self._horizon}, step {t} requested")
+            count, levels = t, self._nodes.shape[0]
+        else:
+            k, count = epoch_of(t)
+            levels = k + 1
+            if count == 1:
+                self._nodes = np.zeros((levels, self._dim), dtype=np.float64)
+        rows = self._nodes.tolist()
+        i = _trailing_zeros(count)
+        exact = [a + b for a, b in zip(x, rows[i])]
+        for level in range(i + 1, levels):
+            if not (count >> level) & 1:
+                rows[level] = [a + b for a, b in zip(rows[level], x)]
+        for level in range(i):
+            rows[level] = [0.0] * self._dim
+        scale = self._node_scale(levels)
+        if self._source.exact_grid:
+            grid = _grid_of(scale)
+            exact = [round_on_exponent(v, grid) for v in exact]
+        rows[i] = [a + b for a, b in zip(exact, self._draw(scale).tolist())]
+        self._nodes[:] = rows
+        self._t = t
+        if self._horizon is None and count == 1 << k:
+            self._close_epoch(k)
+            return self._output(self._roots)
+        if bin(count).count("1") >= 8:
+            # NumPy's pairwise summation: left to it, as in _scalar_sum.
+            total = self._tree_sum(self._nodes, count)
+        else:
+            # NumPy sums the live rows one by one from 0.0, as here.
+            total = [0.0] * self._dim
+            level = 0
+            while count:
+                if count & 1:
+                    total = [a + b for a, b in zip(total, rows[level])]
+                count >>= 1
+                level += 1
+            total = np.array(total, dtype=np.float64)
+        return total if self._horizon is not None else self._roots + total
 
     def _close_epoch(self, k):
         # The epoch's root is its only live node; folding it into the running

@@ -885,3 +885,32 @@ def test_scalar_step_is_bit_for_bit_the_array_step(horizon, source):
     assert json.dumps(scalar.to_state()) == json.dumps(array.to_state())
     with pytest.raises(ValueError, match="finite"):
         scalar.step(math.nan)
+
+
+@pytest.mark.parametrize("horizon", [72, 1000, None])
+@pytest.mark.parametrize("source", ["seed", "keyed"])
+@pytest.mark.parametrize("noise", ["laplace", "gaussian"])
+@pytest.mark.parametrize("dim", [2, 3])
+def test_list_step_is_bit_for_bit_the_array_step(horizon, source, noise, dim):
+    """A list of floats takes the row path (``_step_rows``), an array the array path: same
+    releases (arrays), same states, same noise draws, to the last bit; popcounts >= 8 (horizon
+    1000, unbounded) defer to NumPy's pairwise sum, and the unbounded stream closes epochs."""
+    from dp_beam.mechanisms.noise_key import KeyedNoise, NoiseKey
+
+    def make():
+        rng = (KeyedNoise(NoiseKey.from_bytes(bytes(range(32))), ("tree", "rows", noise, dim))
+               if source == "keyed" else 7)
+        delta = 1e-6 if noise == "gaussian" else None
+        return BinaryTreeMechanism(epsilon=0.7, sensitivity=3.0, horizon=horizon, noise=noise,
+                                   delta=delta, dim=dim, rng=rng)
+
+    rows, array = make(), make()
+    values = np.random.default_rng(dim).normal(0.0, 50.0, size=(1000, dim))
+    values[::7] = 0.0
+    values[::11, 0] = -0.0
+    for x in values[:horizon or len(values)]:
+        a, b = rows.step(x.tolist()), array.step(x.copy())
+        assert type(a) is np.ndarray and a.shape == (dim,) and a.tobytes() == b.tobytes()
+    assert json.dumps(rows.to_state()) == json.dumps(array.to_state())
+    with pytest.raises(ValueError, match="finite"):
+        rows.step([math.nan] + [0.0] * (dim - 1))
