@@ -16,12 +16,18 @@ on one runner in one invocation, the cases interleaved and the median of
 * ``mean``: ``ContinualMean`` (tuned preset), sharded, each event's user
   being its key and slot (2 users per key, ``max_users`` = 2 per key);
 * ``erm-d10``, ``erm-d100``: ``ContinualERM`` (logistic, block 8, base 16)
-  on d = 10 or 100 features, per-key path (ERM has no sharded release);
+  on d = 10 or 100 features, sharded (bounded input; each stream's log in memory);
   the rate counts key-steps (two points each) per second like the others,
   though a model is released only once per block of 8 points (every 4 steps);
 * ``filled``: a non-private per-key hourly count that also emits the empty
   steps, written as one cheap DoFn after a GroupByKey (what a pipeline
-  without DP would run to publish the same table).
+  without DP would run to publish the same table);
+* ``plain-erm-d10``, ``plain-erm-d100``: a non-private pipeline publishing
+  the same models: per key, after a GroupByKey, the points in time order
+  and, after every block of 8, the L2-regularised logistic model of all
+  points so far, fitted by SciPy's L-BFGS-B from the previous model (what
+  the ERM cases cost without privacy; the issue's measure is still the
+  filled count).
 
 Every case reads the same in-memory events through a ``Create`` with a
 declared element type (Beam would otherwise infer the type of every element,
@@ -41,7 +47,8 @@ sharded state per key (pickled tree states after ``--steps`` steps) for that
 many keys, computed without Beam.
 
     python benchmarks/scale.py [--keys 10,100,1000] [--steps 72] [--repeats 3]
-        [--cases per-key,sharded,sharded-blt,sum,mean,erm-d10,erm-d100,filled] [--workers 2]
+        [--cases per-key,sharded,sharded-blt,sum,mean,erm-d10,erm-d100,plain-erm-d10,plain-erm-d100,filled]
+        [--workers 2]
         [--rss-keys 100000] [--state-keys 100000]
 """
 
@@ -59,13 +66,17 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import apache_beam as beam  # noqa: E402
+import numpy as np  # noqa: E402
+from scipy import optimize, special  # noqa: E402
 from apache_beam.options.pipeline_options import PipelineOptions  # noqa: E402
 
 import dp_beam as dpb  # noqa: E402
 from dp_beam.mechanisms import BinaryTreeMechanism  # noqa: E402
 
 HOUR = 3600.0
-CASES = ("per-key", "sharded", "sharded-blt", "sum", "mean", "erm-d10", "erm-d100", "filled")
+CASES = ("per-key", "sharded", "sharded-blt", "sum", "mean", "erm-d10", "erm-d100",
+         "plain-erm-d10", "plain-erm-d100", "filled")
+ERM_BLOCK, ERM_LAMBDA = 8, 0.1
 #: Fixed only so that the multi-process check can compare two runs' values.
 BENCH_KEY = dpb.NoiseKey.from_bytes(bytes(range(32)))
 
@@ -113,6 +124,33 @@ class _Features:
         return self._vectors[int(event[2])]
 
 
+class _PlainERM(beam.DoFn):
+    """Non-private: a key's logistic model (L2 penalty λ‖θ‖², intercept) after every block of
+    points, each fit on all points so far by L-BFGS-B, warm-started from the last model."""
+
+    def __init__(self, dim):
+        self._features = _Features(dim)
+
+    def process(self, element):
+        key, events = element
+        events = sorted(events, key=lambda e: e[1])
+        X = np.array([self._features(e) + [1.0] for e in events])
+        y = np.array([float(int(e[2]) % 2) for e in events])
+        theta = np.zeros(X.shape[1])
+        for n in range(ERM_BLOCK, len(events) + 1, ERM_BLOCK):
+            theta = optimize.minimize(_logistic, theta, args=(X[:n], y[:n]), jac=True,
+                                      method="L-BFGS-B").x
+            yield key, n, theta
+
+
+def _logistic(theta, X, y):
+    """Mean logistic loss plus λ‖θ‖², and its gradient."""
+    z = X @ theta
+    p = special.expit(z)
+    value = float(np.mean(np.logaddexp(0.0, z) - y * z)) + ERM_LAMBDA * float(theta @ theta)
+    return value, X.T @ (p - y) / len(y) + 2.0 * ERM_LAMBDA * theta
+
+
 def private_transform(case, keys, steps):
     common = dict(epsilon=1.0, step=HOUR, start=0, end=steps * HOUR, key_fn=lambda e: e[0],
                   keys=[f"k{k}" for k in range(keys)], noise_key=BENCH_KEY)
@@ -131,8 +169,8 @@ def private_transform(case, keys, steps):
     if case.startswith("erm-d"):
         dim = int(case[len("erm-d"):])
         return dpb.ContinualERM(features_fn=_Features(dim), label_fn=lambda e: int(e[2]) % 2,
-                                classes=(0, 1), n_features=dim, feature_bound=1.0, lam=0.1,
-                                block_size=8, base_size=16, timestamp_fn=lambda e: e[1], **common)
+                                classes=(0, 1), n_features=dim, feature_bound=1.0, lam=ERM_LAMBDA,
+                                block_size=ERM_BLOCK, base_size=16, timestamp_fn=lambda e: e[1], **common)
     raise ValueError(f"unknown case {case!r}")
 
 
@@ -144,6 +182,9 @@ def run_once(case, keys, steps, events, flags=(), sink=None):
     if case == "filled":
         _ = (stamped | beam.Map(lambda e: (e[0], e[1])) | beam.GroupByKey()
              | beam.ParDo(_Filled(steps)))
+    elif case.startswith("plain-erm-d"):
+        _ = (stamped | beam.Map(lambda e: (e[0], e)) | beam.GroupByKey()
+             | beam.ParDo(_PlainERM(int(case[len("plain-erm-d"):]))))
     else:
         releases = (stamped | private_transform(case, keys, steps)).releases
         if sink is not None:

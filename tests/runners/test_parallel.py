@@ -1,0 +1,90 @@
+"""The sharded ContinualCount gives the same releases on 1 and on 2 SDK workers, with
+the in-process runner's multi_processing mode and on the portable path (local job
+service + external worker pool), and with 2 workers both workers release.
+
+Beam's stock job service always runs one worker per environment, so the portable
+case uses the job service of benchmarks/parallel.py, whose jobs honour
+``--direct_num_workers``. Each release is written with the pid of the process that
+released it (workers are other processes, so results travel through files).
+"""
+
+import json
+import os
+import sys
+
+import apache_beam as beam
+import pytest
+from apache_beam.options.pipeline_options import PipelineOptions
+
+import dp_beam as dpb
+from tests.servers import free_port, server
+
+pytestmark = pytest.mark.slow
+
+HOUR = 3600.0
+KEYS = [f"k{k}" for k in range(200)]    # 3 shards of the default 64 keys each
+STEPS = 6
+EVENTS = [(key, s * HOUR + 60.0 * j, 1.0) for key in KEYS for s in range(STEPS) for j in range(2)]
+NOISE_KEY = dpb.NoiseKey.from_bytes(bytes(range(32)))
+JOB_SERVICE = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__)))), "benchmarks", "parallel.py")
+
+
+def _key(e):
+    return e[0]
+
+
+def _stamp(e):
+    return beam.window.TimestampedValue(e, e[1])
+
+
+def _tagged(release):
+    return json.dumps([release.key, release.step, release.value, os.getpid()])
+
+
+def run(options, path):
+    """(sorted (key, step, value) releases, set of pids that released)."""
+    with beam.Pipeline(options=options) as p:
+        releases = (p | beam.Create(EVENTS, reshuffle=False) | beam.Map(_stamp)
+                    | dpb.ContinualCount(epsilon=1.0, step=HOUR, start=0, end=STEPS * HOUR,
+                                         key_fn=_key, keys=KEYS, noise_key=NOISE_KEY)).releases
+        _ = (releases | beam.Map(_tagged) | beam.io.WriteToText(path, shard_name_template=""))
+    with open(path) as fh:
+        rows = [json.loads(line) for line in fh if line.strip()]
+    return sorted((k, s, v) for k, s, v, _ in rows), {pid for *_, pid in rows}
+
+
+def multi_processing(workers):
+    return PipelineOptions(flags=["--direct_num_workers", str(workers),
+                                  "--direct_running_mode", "multi_processing"],
+                           runner="FnApiRunner")
+
+
+@pytest.fixture(scope="module")
+def portable_endpoints(tmp_path_factory):
+    logs = tmp_path_factory.mktemp("parallel")
+    job_port, pool_port = free_port(), free_port()
+    job = [sys.executable, JOB_SERVICE, "--serve-jobs", str(job_port)]
+    pool = [sys.executable, "-m", "apache_beam.runners.worker.worker_pool_main",
+            f"--service_port={pool_port}"]
+    with server(job, job_port, logs / "job_service.log", timeout=60.0), \
+            server(pool, pool_port, logs / "worker_pool.log"):
+        yield f"localhost:{job_port}", f"localhost:{pool_port}"
+
+
+@pytest.mark.timeout(300)
+def test_one_and_two_workers_release_the_same(portable_endpoints, tmp_path):
+    job, pool = portable_endpoints
+    portable = PipelineOptions(flags=["--direct_num_workers", "2"], runner="PortableRunner",
+                               job_endpoint=job, environment_type="EXTERNAL",
+                               environment_config=pool)
+    one, one_pids = run(multi_processing(1), str(tmp_path / "mp1"))
+    two, two_pids = run(multi_processing(2), str(tmp_path / "mp2"))
+    ported, ported_pids = run(portable, str(tmp_path / "portable2"))
+    assert one == two == ported
+    # Every key releases every step, once.
+    assert sorted((k, s) for k, s, _ in one) == [(k, s) for k in sorted(KEYS) for s in range(STEPS)]
+    # The shards are split between the workers: with 2 workers both release.
+    assert len(one_pids) == 1
+    assert len(two_pids) == 2 and len(ported_pids) == 2
+    assert os.getpid() not in one_pids | two_pids
