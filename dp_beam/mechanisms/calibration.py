@@ -18,6 +18,7 @@ __all__ = [
     "eps_from_rho_delta",
     "gaussian_sigma",
     "laplace_scale",
+    "noise_scale",
     "rho_from_eps",
 ]
 
@@ -128,3 +129,23 @@ def gaussian_sigma(l2_sensitivity: float, epsilon: float, delta: float,
         rho = rho_from_eps_delta(epsilon, delta)
         return l2_sensitivity / math.sqrt(2.0 * rho)
     return l2_sensitivity * float(dp_accounting.get_sigma_gaussian(epsilon, delta))
+
+
+def noise_scale(noise: str, l1_sensitivity: float, l2_sensitivity: float, epsilon: float,
+                delta: float = 0.0, calibration: str = "zcdp") -> float:
+    """The scale of a mechanism's ``noise``: :func:`laplace_scale` of the L1 sensitivity for
+    ``"laplace"``, :func:`gaussian_sigma` of the L2 one for ``"gaussian"`` (C-4, C-5).
+
+    A counter whose noise kind is a parameter states both sensitivities of
+    its noised vector and calibrates through this one branch.
+
+    >>> noise_scale("laplace", 3.0, 2.0, epsilon=1.5)
+    2.0
+    >>> noise_scale("gaussian", 3.0, 2.0, 1.0, 1e-6) == gaussian_sigma(2.0, 1.0, 1e-6)
+    True
+    """
+    if noise == "laplace":
+        return laplace_scale(l1_sensitivity, epsilon)
+    if noise == "gaussian":
+        return gaussian_sigma(l2_sensitivity, epsilon, delta, calibration)
+    raise ValueError(f"noise must be 'laplace' or 'gaussian', got {noise!r}")

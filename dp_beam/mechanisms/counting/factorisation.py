@@ -29,7 +29,7 @@ from typing import Any, Dict, Optional, Union
 import numpy as np
 
 from ...accounting.cost import Cost
-from ..calibration import gaussian_sigma, laplace_scale
+from ..calibration import noise_scale
 from ..halfwidths import gaussian_halfwidth
 from ..noise import make_noise
 from ..noise_grid import grid_padded_scale, round_to_grid
@@ -92,12 +92,10 @@ class FactorisationState(CounterState):
 
 
 @functools.lru_cache(maxsize=4096)
-def _calibrated_scale(noise, sensitivity, epsilon, delta, calibration):
+def _calibrated_scale(noise, l1, l2, epsilon, delta, calibration):
     # Cached across instances: every stream of a release computes the same scales, once per
     # epoch of an unbounded stream (≈ 10 µs each, mostly validating the parameters).
-    if noise == "laplace":
-        return laplace_scale(sensitivity, epsilon)
-    return gaussian_sigma(sensitivity, epsilon, delta, calibration)
+    return noise_scale(noise, l1, l2, epsilon, delta, calibration)
 
 
 def _base_epochs(cls):
@@ -220,9 +218,10 @@ class FactorisationMechanism(CounterParameters):
 
     def _calibrated(self, plan, sensitivity):
         """Scale for a per-step sensitivity: the column norm times it, calibrated."""
-        norm = plan.l1 if self._noise == "laplace" else plan.l2
-        return _calibrated_scale(self._noise, norm * sensitivity, self._epsilon, self._delta,
-                                 self._calibration)
+        # Gaussian-only plans (LAPLACE = False) have no L1 norm.
+        l1 = None if plan.l1 is None else plan.l1 * sensitivity
+        return _calibrated_scale(self._noise, l1, plan.l2 * sensitivity, self._epsilon,
+                                 self._delta, self._calibration)
 
     def _scale(self, horizon):
         """Noise scale (Laplace b or Gaussian σ) of a mechanism over ``horizon`` steps.

@@ -15,7 +15,7 @@ from typing import Any, Dict, List, Optional, Tuple, Union
 import numpy as np
 
 from ...accounting.cost import Cost
-from ..calibration import gaussian_sigma, laplace_scale
+from ..calibration import noise_scale
 from ..halfwidths import gaussian_halfwidth
 from ..noise import make_noise
 from ..noise_grid import grid_exponent, grid_padded_scale, round_on_exponent, round_to_grid
@@ -59,10 +59,9 @@ def _node_scale(noise, levels, sensitivity, epsilon, delta, calibration):
     # exact-grid source every node is rounded to the noise grid before it is
     # noised (BinaryTreeMechanism._noised). Cached across instances because a
     # release DoFn restores a fresh mechanism at every step.
-    if noise == "laplace":
-        return grid_padded_scale(sensitivity, lambda s: laplace_scale(levels * s, epsilon))
-    return grid_padded_scale(sensitivity,
-                             lambda s: gaussian_sigma(math.sqrt(levels) * s, epsilon, delta, calibration))
+    # A leaf is in `levels` nodes: L1 norm levels·s, L2 norm √levels·s.
+    return grid_padded_scale(sensitivity, lambda s: noise_scale(
+        noise, levels * s, math.sqrt(levels) * s, epsilon, delta, calibration))
 
 
 class BinaryTreeMechanism(CounterParameters):
