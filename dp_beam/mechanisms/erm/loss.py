@@ -8,7 +8,7 @@ sensitivity of every release is calibrated to.
 """
 
 import math
-from typing import Sequence, Tuple, Union
+from typing import Any, Sequence, Tuple, Union
 
 import numpy as np
 from numpy.typing import ArrayLike
@@ -16,6 +16,10 @@ from numpy.typing import ArrayLike
 from ..checks import check_int, check_real
 
 __all__ = ["LogisticLoss"]
+
+#: Labels that ``np.asarray([y], dtype=object).ravel()`` keeps as the one object ``y``, so a
+#: dict lookup finds what :meth:`LogisticLoss.labels` would.
+_SCALAR_LABELS = frozenset((int, float, str, bool, bytes, type(None)))
 
 
 class LogisticLoss:
@@ -77,6 +81,32 @@ class LogisticLoss:
         factor = np.minimum(1.0, self.feature_bound / np.maximum(norms, 1e-300))
         return X * factor[:, None]
 
+    def clip_point(self, x: ArrayLike) -> np.ndarray:
+        """One point: ``clip(x.reshape(1, -1))[0]``, the same values and errors, without the
+        batch set-up that dominates for a single row (erm.md E-2).
+
+        ``np.linalg.norm(X, axis=1)`` is ``sqrt(add.reduce(X·X, axis=1))``; on one
+        contiguous row that is the same pairwise sum as ``add.reduce`` of the row.
+        """
+        x = np.asarray(x, dtype=np.float64).reshape(-1)
+        if x.shape[0] != self.n_features:
+            raise ValueError(f"X must have shape (n, {self.n_features}), got {(1,) + x.shape}")
+        square = float(np.add.reduce(x * x))
+        # A non-finite entry makes the sum non-finite; only then is the check per entry needed.
+        if not math.isfinite(square) and not np.isfinite(x).all():
+            raise ValueError("X must be finite")
+        factor = min(1.0, self.feature_bound / max(math.sqrt(square), 1e-300))
+        return x * factor
+
+    def label_index(self, y: Any) -> int:
+        """The class index of one label (erm.md E-3): ``int(labels([y])[0])``, the same values
+        and errors, by one dict lookup for a plain scalar label."""
+        if type(y) in _SCALAR_LABELS:
+            index = self._index.get(y)
+            if index is not None:
+                return index
+        return int(self.labels([y])[0])
+
     def augment(self, X: ArrayLike) -> np.ndarray:
         if self.fit_intercept:
             return np.hstack([X, np.ones((X.shape[0], 1))])
@@ -99,18 +129,20 @@ class LogisticLoss:
         n = Xa.shape[0]
         if self.binary:
             s = 2.0 * yi - 1.0
-            m = s * (Xa @ theta)
-            value = float(np.mean(np.logaddexp(0.0, -m)))
-            coef = -s * sigmoid(-m)
+            neg_margin = -(s * (Xa @ theta))
+            # The mean as np.mean computes it (the float64 sum over n), without its wrapper.
+            value = float(np.add.reduce(np.logaddexp(0.0, neg_margin))) / n
+            coef = -s * sigmoid(neg_margin)
             return value, Xa.T @ coef / n
         K = self.n_outputs
         Th = theta.reshape(K, Xa.shape[1])
         Z = Xa @ Th.T
         zmax = Z.max(axis=1, keepdims=True)
         lse = zmax[:, 0] + np.log(np.exp(Z - zmax).sum(axis=1))
-        value = float(np.mean(lse - Z[np.arange(n), yi]))
+        rows = np.arange(n)
+        value = float(np.add.reduce(lse - Z[rows, yi])) / n
         P = np.exp(Z - lse[:, None])
-        P[np.arange(n), yi] -= 1.0
+        P[rows, yi] -= 1.0
         return value, (P.T @ Xa).ravel() / n
 
     def decision(self, theta: ArrayLike, X: ArrayLike) -> np.ndarray:
@@ -121,4 +153,12 @@ class LogisticLoss:
 
 
 def sigmoid(z: ArrayLike) -> np.ndarray:
-    return np.where(z >= 0, 1.0 / (1.0 + np.exp(-np.abs(z))), np.exp(-np.abs(z)) / (1.0 + np.exp(-np.abs(z))))
+    """σ(z) without overflow: ``1/(1 + e^{−|z|})`` for z >= 0, ``e^{−|z|}/(1 + e^{−|z|})`` below.
+
+    The exponential and the denominator are computed once and shared by both
+    branches (the same values as computing them per branch: the same operations
+    on the same arrays).
+    """
+    e = np.exp(-np.abs(z))
+    denominator = 1.0 + e
+    return np.where(z >= 0, 1.0 / denominator, e / denominator)

@@ -31,17 +31,81 @@ O(n·p)), not a crash. (Raising here would kill the pipeline on one
 stream's data: an observable, data-dependent outcome.)
 """
 
+import contextlib
 import math
+import os
+import threading
 from typing import Optional, Tuple
 
 import numpy as np
+import scipy
 from numpy.typing import ArrayLike
 from scipy import optimize
 
 from ..checks import check_real
 from .loss import LogisticLoss
 
+try:
+    from threadpoolctl import ThreadpoolController
+except ImportError:  # optional: without it L-BFGS-B keeps SciPy's BLAS threads (same results)
+    ThreadpoolController = None
+
 __all__ = ["solve_erm"]
+
+#: L-BFGS-B on SciPy's bundled OpenBLAS runs its triangular solves on every thread
+#: (``dtrtrs``, at any size): on problems this small the threads' hand-offs cost up to
+#: ten times the solve. One thread computes the same bits while every vector has at
+#: most this many entries: OpenBLAS splits a dot product across threads (changing
+#: its summation order) only above 10,000 entries, and the parallel triangular solve
+#: splits its right-hand sides, each solved the same way on any thread.
+_ONE_THREAD_MAX_PARAMS = 10_000
+_THREADS_LOCK = threading.Lock()
+_THREADS = {"libs": None, "active": 0, "saved": ()}
+
+
+def _scipy_openblas():
+    """The lib controllers of the OpenBLAS bundled with SciPy (wheels: ``scipy.libs``), found
+    once; empty without threadpoolctl or where SciPy shares NumPy's (or another) BLAS, whose
+    threads also compute the losses."""
+    if _THREADS["libs"] is None:
+        libs = []
+        if ThreadpoolController is not None:
+            bundled = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(scipy.__file__))),
+                                   "scipy.libs")
+            try:
+                controllers = ThreadpoolController().lib_controllers
+            except Exception:  # an unexpected platform: keep the default threads
+                controllers = []
+            libs = [lib for lib in controllers if lib.internal_api == "openblas"
+                    and os.path.dirname(os.path.abspath(lib.filepath)) == bundled]
+        _THREADS["libs"] = libs
+    return _THREADS["libs"]
+
+
+@contextlib.contextmanager
+def _one_blas_thread(n_params):
+    """SciPy's own OpenBLAS on one thread while L-BFGS-B runs (see _ONE_THREAD_MAX_PARAMS).
+
+    Counted across threads: the first solve to enter saves the thread counts, the last
+    to leave restores them, so concurrent solves never restore each other's setting."""
+    libs = _scipy_openblas() if n_params <= _ONE_THREAD_MAX_PARAMS else []
+    if not libs:
+        yield
+        return
+    with _THREADS_LOCK:
+        if _THREADS["active"] == 0:
+            _THREADS["saved"] = tuple(lib.num_threads for lib in libs)
+            for lib in libs:
+                lib.set_num_threads(1)
+        _THREADS["active"] += 1
+    try:
+        yield
+    finally:
+        with _THREADS_LOCK:
+            _THREADS["active"] -= 1
+            if _THREADS["active"] == 0:
+                for lib, threads in zip(libs, _THREADS["saved"]):
+                    lib.set_num_threads(threads)
 
 
 def _descent_steps(loss, lam, n, tol_fraction=0.5):
@@ -94,26 +158,55 @@ def solve_erm(loss: LogisticLoss, X: ArrayLike, y: ArrayLike, lam: float,
     yi = np.asarray(y, dtype=np.int64)
     gtol = tol_fraction * loss.lipschitz / n
 
-    def fun(theta):
+    def objective(theta):
         value, grad = loss.value_grad(theta, Xa, yi)
         diff = theta - ref
         return value + lam * float(diff @ diff), grad + 2.0 * lam * diff
 
+    fun = _Remembered(objective)
     # L-BFGS-B's gtol bounds the max-norm; ‖·‖₂ <= √p·‖·‖_∞ makes it imply ours.
     theta, grad = _start_point(fun, ref, gtol / math.sqrt(loss.n_params))
     step = 1.0 / (loss.smoothness + 2.0 * lam)
     return _descend(fun, theta, grad, step, _descent_steps(loss, lam, n, tol_fraction), gtol)
 
 
+class _Remembered:
+    """``fun`` that answers again, without recomputing, at θ_ref and at the last point evaluated.
+
+    :func:`_start_point` asks for F at θ_ref (where L-BFGS started) and at the
+    L-BFGS result (normally the last point it evaluated): both were computed
+    already. A point is recognised by its exact bytes, so an answer is the one
+    ``fun`` gave for the same input; gradients are handed out as copies, so no
+    caller can change a remembered one.
+    """
+
+    def __init__(self, fun):
+        self._fun = fun
+        self._first = self._last = None
+
+    def __call__(self, theta):
+        key = np.asarray(theta, dtype=np.float64).tobytes()
+        for known in (self._last, self._first):
+            if known is not None and known[0] == key:
+                return known[1], known[2].copy()
+        value, grad = self._fun(theta)
+        entry = (key, value, grad.copy())
+        if self._first is None:
+            self._first = entry
+        self._last = entry
+        return value, grad
+
+
 def _start_point(fun, ref, max_norm_gtol):
     """``(θ₀, ∇F(θ₀))``: the L-BFGS result from θ_ref, or θ_ref itself when that result is
     worse or not finite (the descent bound of :func:`solve_erm` needs F(θ₀) <= F(θ_ref))."""
-    result = optimize.minimize(
-        fun, ref.copy(), jac=True, method="L-BFGS-B",
-        options={"gtol": max_norm_gtol, "ftol": 0.0, "maxiter": 10_000, "maxcor": 20},
-    )
+    with _one_blas_thread(ref.shape[0]):
+        result = optimize.minimize(
+            fun, ref.copy(), jac=True, method="L-BFGS-B",
+            options={"gtol": max_norm_gtol, "ftol": 0.0, "maxiter": 10_000, "maxcor": 20},
+        )
     theta = np.asarray(result.x, dtype=np.float64)
-    value, grad = fun(theta) if np.all(np.isfinite(theta)) else (math.inf, None)
+    value, grad = fun(theta) if np.isfinite(theta).all() else (math.inf, None)
     if not value <= fun(ref)[0]:
         theta = ref.copy()
         _, grad = fun(theta)

@@ -120,6 +120,7 @@ class ERMStream:
         self._buffer_X, self._buffer_y = [], []
         self._count = 0            # complete blocks consumed
         self._trained = []         # models trained by the last block, in training order
+        self._ops = []             # the components of _component, which draw from _source
 
     def _component(self, share):
         """Output perturbation with ``share`` of the budget (ε·share, or ρ·share for Gaussian)."""
@@ -128,9 +129,23 @@ class ERMStream:
             op = OutputPerturbation(self.loss, self.lam, self.epsilon, self.noise, self.delta,
                                     rng=self._source, tol_fraction=self.tol_fraction)
             op.rho = op.rho * share
-            return op
-        return OutputPerturbation(self.loss, self.lam, self.epsilon * share, self.noise, None,
-                                  rng=self._source, tol_fraction=self.tol_fraction)
+        else:
+            op = OutputPerturbation(self.loss, self.lam, self.epsilon * share, self.noise, None,
+                                    rng=self._source, tol_fraction=self.tol_fraction)
+        self._ops.append(op)
+        return op
+
+    def set_noise_source(self, rng: RngLike) -> None:
+        """Draw all later noise from ``rng`` (resolved like the constructor's).
+
+        The state is unchanged, so this equals ``from_state(to_state(), rng, log)``
+        with the stream's own log, without the round trip that a release DoFn
+        would otherwise pay at every step to give the step its own keyed
+        source (design D1.3).
+        """
+        self._source = make_noise(rng)
+        for op in self._ops:
+            op.source = make_noise(self._source)
 
     @property
     def t(self) -> int:
@@ -151,11 +166,11 @@ class ERMStream:
 
     def push(self, x: ArrayLike, y: Any) -> List[ModelRelease]:
         """Buffer one point; when a block completes, run :meth:`step` and return its releases."""
-        x = np.asarray(x, dtype=np.float64).reshape(1, -1)
-        X = self.loss.clip(x)
-        yi = self.loss.labels([y])
-        self._buffer_X.append(X[0])
-        self._buffer_y.append(int(yi[0]))
+        # The single-point forms: for one row, the batch forms' set-up costs more than the work.
+        row = self.loss.clip_point(x)
+        yi = self.loss.label_index(y)
+        self._buffer_X.append(row)
+        self._buffer_y.append(yi)
         if len(self._buffer_y) < self.block_size:
             return []
         Xb, yb = np.array(self._buffer_X), np.array(self._buffer_y, dtype=np.int64)

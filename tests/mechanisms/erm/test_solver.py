@@ -123,3 +123,83 @@ def test_the_descent_bound_holds_from_theta_ref_without_any_certificate():
             _, g = loss.value_grad(theta, Xa, y)
             theta = theta - step * (g + 2 * lam * (theta - ref))
         assert np.linalg.norm(theta - exact) <= 0.5 * loss.lipschitz / n / (2 * lam)
+
+
+def _solves(k, seed):
+    # (loss, X, y, lam, ref, tol_fraction) over shapes from one block to a long history.
+    rng = np.random.default_rng(seed)
+    for d, n, lam, tol in ((2, 4, 0.5, 0.5), (10, 8, 0.1, 0.5), (10, 128, 0.01, 0.5),
+                           (100, 64, 0.1, 0.5), (3, 300, 0.05, 1e-6)):
+        loss = LogisticLoss(d, list(range(k)), 1.0, fit_intercept=bool(n % 3))
+        X = loss.clip(rng.normal(size=(n, d)) * 1.5)
+        y = rng.integers(0, k, size=n)
+        ref = None if n % 2 else rng.normal(size=loss.n_params) * 0.5
+        yield loss, X, y, lam, ref, tol
+
+
+@pytest.mark.parametrize("k", [2, 3])
+def test_remembered_evaluations_give_the_bits_of_recomputing_them(monkeypatch, k):
+    from dp_beam.mechanisms.erm import solver
+    remembered = [solve_erm(*case) for case in _solves(k, 3)]
+    monkeypatch.setattr(solver, "_Remembered", lambda fun: fun)
+    for (theta, gnorm), case in zip(remembered, _solves(k, 3)):
+        want_theta, want_gnorm = solve_erm(*case)
+        assert theta.tobytes() == want_theta.tobytes() and gnorm == want_gnorm
+
+
+def test_remembered_answers_at_the_first_and_the_last_point_only():
+    from dp_beam.mechanisms.erm.solver import _Remembered
+    calls = []
+
+    def fun(theta):
+        calls.append(theta.copy())
+        return float(theta.sum()), theta * 2.0
+
+    f = _Remembered(fun)
+    a, b, c = np.zeros(3), np.ones(3), np.full(3, 2.0)
+    for theta in (a, b, a, b, c, a, b):
+        value, grad = f(theta.copy())
+        assert value == float(theta.sum()) and np.array_equal(grad, theta * 2.0)
+        grad[:] = -1.0        # a caller changing its gradient changes nothing remembered
+    assert [float(t[0]) for t in calls] == [0.0, 1.0, 2.0, 1.0]
+    assert f(np.array([-0.0, 0.0, 0.0]))[0] == 0.0 and len(calls) == 5   # bytes, not values
+
+
+@pytest.mark.parametrize("k", [2, 3])
+def test_one_blas_thread_for_lbfgs_gives_the_bits_of_the_default_threads(monkeypatch, k):
+    from dp_beam.mechanisms.erm import solver
+    libs = solver._scipy_openblas()
+    if not libs:
+        pytest.skip("SciPy's OpenBLAS is not separately controllable here (threadpoolctl, wheel)")
+    before = [lib.num_threads for lib in libs]
+    seen = []
+    original = solver.optimize.minimize
+
+    def minimize(*args, **kwargs):
+        seen.append([lib.num_threads for lib in libs])
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(solver.optimize, "minimize", minimize)
+    one_thread = [solve_erm(*case) for case in _solves(k, 5)]
+    assert seen and all(threads == [1] * len(libs) for threads in seen)
+    assert [lib.num_threads for lib in libs] == before       # restored after every solve
+    monkeypatch.setattr(solver, "_ONE_THREAD_MAX_PARAMS", 0)
+    for (theta, gnorm), case in zip(one_thread, _solves(k, 5)):
+        want_theta, want_gnorm = solve_erm(*case)
+        assert theta.tobytes() == want_theta.tobytes() and gnorm == want_gnorm
+    assert seen[-1] == before
+
+
+def test_one_blas_thread_is_counted_across_concurrent_solves():
+    from dp_beam.mechanisms.erm import solver
+    libs = solver._scipy_openblas()
+    if not libs:
+        pytest.skip("SciPy's OpenBLAS is not separately controllable here (threadpoolctl, wheel)")
+    before = [lib.num_threads for lib in libs]
+    with solver._one_blas_thread(10):
+        with solver._one_blas_thread(10):
+            assert [lib.num_threads for lib in libs] == [1] * len(libs)
+        assert [lib.num_threads for lib in libs] == [1] * len(libs)   # the outer solve still runs
+        with solver._one_blas_thread(solver._ONE_THREAD_MAX_PARAMS + 1):
+            assert [lib.num_threads for lib in libs] == [1] * len(libs)
+    assert [lib.num_threads for lib in libs] == before

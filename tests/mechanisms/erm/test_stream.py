@@ -93,3 +93,50 @@ def test_erm_costs(make):
     assert pure == {"epsilon": 0.7, "delta": 0.0, "rho": 0.5 * 0.7 * 0.7}
     gauss = make(noise="gaussian", delta=1e-6).privacy_cost()
     assert gauss == {"epsilon": 0.7, "delta": 1e-6, "rho": rho_from_eps_delta(0.7, 1e-6)}
+
+
+@pytest.mark.parametrize("make", [
+    lambda rng, log=None: MultiResolutionERMMechanism(1.0, 3, lam=0.5, max_scale=2, rng=rng, log=log, **UNIT),
+    lambda rng, log=None: ContinualERMMechanism(1.0, 2, 4, lam=0.5, rng=rng, log=log, **UNIT),
+    lambda rng, log=None: SlidingWindowERMMechanism(1.0, 2, 6, lam=0.5, rng=rng, log=log, **UNIT),
+    lambda rng, log=None: SlidingWindowERMMechanism(
+        1.0, 2, 10, lam=0.5, rng=rng, log=log, window_policy="general", noise="gaussian",
+        delta=1e-6, n_features=2, classes=["a", "b", "c"], feature_bound=1.0),
+])
+def test_set_noise_source_equals_the_state_round_trip_with_a_new_source(make):
+    # A release DoFn gives every step its own source: in place, or through the state.
+    from dp_beam.mechanisms.erm import MemoryBlockLog
+    X, y = data(60, seed=4)
+    classes = make(0).loss.classes
+    labels = [classes[int(v) % len(classes)] for v in y]
+    in_place = make(np.random.default_rng([1, 0]), MemoryBlockLog())
+    log = MemoryBlockLog()
+    round_trip = make(np.random.default_rng([1, 0]), log)
+    got, want = [], []
+    for step in range(12):
+        in_place.set_noise_source(np.random.default_rng([1, step + 1]))
+        round_trip = type(round_trip).from_state(round_trip.to_state(),
+                                                 rng=np.random.default_rng([1, step + 1]), log=log)
+        for i in range(5 * step, 5 * step + 5):
+            got += in_place.push(X[i], labels[i])
+            want += round_trip.push(X[i], labels[i])
+    assert len(got) == len(want) > 5
+    for a, b in zip(got, want):
+        assert a.params.tobytes() == b.params.tobytes() and a == b
+    assert in_place.to_state() == round_trip.to_state()
+
+
+def test_push_per_point_equals_step_per_block_with_clipping_softmax_and_any_labels():
+    # push clips one row and maps one label (clip_point, label_index); step does a block.
+    kw = dict(n_features=3, classes=["x", 7, None], feature_bound=0.8, lam=0.3, rng=9)
+    X, y = data(48, d=3, k=3, seed=8)
+    X = X * np.random.default_rng(1).uniform(0.01, 3.0, size=(48, 1))      # some inside, most clipped
+    labels = [kw["classes"][v] for v in y]
+    a = ContinualERMMechanism(1.0, 4, 8, **kw)
+    b = ContinualERMMechanism(1.0, 4, 8, **kw)
+    via_push = [r for i in range(48) for r in a.push(list(X[i]), labels[i])]
+    via_step = [r for c in range(12) for r in b.step(X[4 * c:4 * c + 4], labels[4 * c:4 * c + 4])]
+    assert len(via_push) == len(via_step) == 11
+    for r1, r2 in zip(via_push, via_step):
+        assert r1.params.tobytes() == r2.params.tobytes()
+    assert a.to_state() == b.to_state()
