@@ -164,15 +164,26 @@ class ERMReleaseSpec(ReleaseSpec):
     def restore(self, state, rng, log=None):
         return self._cls.from_state(state, rng=rng, log=log)
 
+    def reseed(self, mechanism, rng, log=None):
+        # In place when the stream keeps its log: the same releases as the round trip
+        # through the state (tests/transforms/test_erm.py), which would otherwise rebuild
+        # the config, the models and the buffer at every step.
+        if log is None or log is mechanism.log:
+            mechanism.set_noise_source(rng)
+            return mechanism
+        return super().reseed(mechanism, rng, log=log)
+
     def release(self, mechanism, key, step, aggregate):
         bs = mechanism.block_size
         for point in self.ordered(key, aggregate):
             _, _, features, label = point
             for rel in mechanism.push(features, label):
+                # The stream's loss has the release's shape: one unpack, not one per field.
+                weights, intercept = mechanism.loss.unpack(rel.params)
                 yield ModelRecord(
                     key=key, step=step, window_start=step * self.step_seconds,
                     window_end=(step + 1) * self.step_seconds, t=rel.t, kind=rel.kind,
-                    level=rel.level, weights=_listify(rel.weights), intercept=_listify(rel.intercept),
+                    level=rel.level, weights=_listify(weights), intercept=_listify(intercept),
                     classes=tuple(rel.classes), trained_on=tuple(rel.trained_on),
                     blocks=(rel.trained_on[0] // bs, rel.trained_on[1] // bs),
                     data_window=tuple(rel.window), depends_on=tuple(rel.depends_on),
@@ -192,7 +203,7 @@ class _ERMTransform(beam.PTransform):
     def __init__(self, features_fn, label_fn, step, model, *, start=None, end=None, key_fn=None,
                  keys=None, timestamp_fn=None, id_fn=None,
                  allowed_lateness=datetime.timedelta(days=1), late="defer", rng=None,
-                 noise_key=None, transient_errors=TRANSIENT_ERRORS, label=None):
+                 noise_key=None, transient_errors=TRANSIENT_ERRORS, shards=None, label=None):
         # `model`: the keyword arguments of the stream's config (the public class's
         # parameters that are fields of `_stream_cls.config_cls`).
         super().__init__(label)
@@ -207,7 +218,7 @@ class _ERMTransform(beam.PTransform):
         self._id_fn = id_fn
         self._key_fn, self._timestamp_fn = key_fn, timestamp_fn
         set_release_options(self, step, allowed_lateness, late, rng, start=start, end=end,
-                            key_fn=key_fn, keys=keys, noise_key=noise_key)
+                            key_fn=key_fn, keys=keys, noise_key=noise_key, shards=shards)
         if private_keys(self) is not None:
             raise ValueError(
                 "keys=PrivateKeys(...) is not available for ERM streams: their neighbours replace "
@@ -326,6 +337,14 @@ _COMMON_ARGS = """
         exception sends the element to ``.invalid``.
       tol_fraction: the solver's tolerance as a fraction of the noise scale
         (see :class:`dp_beam.mechanisms.erm.OutputPerturbation`).
+      shards: how bounded input is released. ``None`` (default): 0 for fewer
+        than 64 declared keys, else one shard per 64 declared keys. 0: one
+        stateful key (and timer) per stream. n > 0: streams go to n shards by
+        a public hash of the key, each shard's grouped input released in one
+        pass without state or timers, each stream's log held in memory for
+        that pass; the records are those of ``shards=0``. Streaming input
+        always releases one stateful key per stream (its log in a
+        ``BagState``).
       label: the transform's label.
       rng: ``None`` (production noise from ``noise_key``); tests only: an int seed or a ``NoiseSource``
         (then ties without ``id_fn`` are broken by a hash of the seed and the
@@ -387,7 +406,8 @@ class ContinualERM(_ERMTransform):
                  late: str = "defer", rng: Union[None, int, NoiseSource] = None,
                  noise_key: Optional[NoiseKey] = None,
                  transient_errors: Sequence[Type[BaseException]] = TRANSIENT_ERRORS,
-                 tol_fraction: float = _CONTINUAL.tol_fraction, label: Optional[str] = None) -> None:
+                 tol_fraction: float = _CONTINUAL.tol_fraction, shards: Optional[int] = None,
+                 label: Optional[str] = None) -> None:
         model, options = _split(_CONTINUAL, locals())
         super().__init__(features_fn, label_fn, step, model, **options)
 
@@ -447,7 +467,8 @@ class SlidingWindowERM(_ERMTransform):
                  late: str = "defer", rng: Union[None, int, NoiseSource] = None,
                  noise_key: Optional[NoiseKey] = None,
                  transient_errors: Sequence[Type[BaseException]] = TRANSIENT_ERRORS,
-                 tol_fraction: float = _SLIDING.tol_fraction, label: Optional[str] = None) -> None:
+                 tol_fraction: float = _SLIDING.tol_fraction, shards: Optional[int] = None,
+                 label: Optional[str] = None) -> None:
         model, options = _split(_SLIDING, locals())
         super().__init__(features_fn, label_fn, step, model, **options)
 
@@ -507,7 +528,8 @@ class MultiResolutionERM(_ERMTransform):
                  late: str = "defer", rng: Union[None, int, NoiseSource] = None,
                  noise_key: Optional[NoiseKey] = None,
                  transient_errors: Sequence[Type[BaseException]] = TRANSIENT_ERRORS,
-                 tol_fraction: float = _MULTIRES.tol_fraction, label: Optional[str] = None) -> None:
+                 tol_fraction: float = _MULTIRES.tol_fraction, shards: Optional[int] = None,
+                 label: Optional[str] = None) -> None:
         model, options = _split(_MULTIRES, locals())
         super().__init__(features_fn, label_fn, step, model, **options)
 

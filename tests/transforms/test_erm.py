@@ -504,7 +504,7 @@ def test_a_misspelled_keyword_names_the_public_transform(cls, extra):
 #: The transforms' own options, beside the fields of their stream's config.
 _TRANSFORM_OPTIONS = {"features_fn", "label_fn", "step", "start", "end", "key_fn", "keys",
                       "timestamp_fn", "id_fn", "allowed_lateness", "late", "rng", "noise_key",
-                      "transient_errors", "label"}
+                      "transient_errors", "shards", "label"}
 
 
 @pytest.mark.parametrize("cls", [ContinualERM, SlidingWindowERM, MultiResolutionERM])
@@ -533,3 +533,69 @@ def test_input_in_fixed_windows_releases_what_global_input_releases():
         events, lambda e: e["ts"], STEP,
         lambda: dpb.ContinualERM(block_size=8, base_size=16, end=70.0, rng=5, **COMMON))
     assert plain[0] and plain[1] and windowed == plain
+
+
+# -- the release's per-step work gives the bits of the computations it replaces -------------
+
+KEY = dpb.NoiseKey.from_bytes(bytes(range(32)))
+
+
+def _spec(cls=mech.ContinualERMMechanism, args=(("block_size", 3), ("base_size", 6))):
+    from dp_beam.transforms.erm import ERMReleaseSpec
+    return ERMReleaseSpec("erm", STEP, cls, {**MECH_ARGS, **dict(args)}, LedgerEntry(
+        transform="erm", unit="event", neighbours="", epsilon=1.0, delta=0.0, rho=0.5,
+        mechanism="erm", scope="key", key=None), KEY)
+
+
+def test_release_order_with_production_tiebreakers_is_that_of_the_noise_key_streams():
+    from dp_beam.transforms.release_spec import key_label
+    spec = _spec()
+    points = [(1.0 + (i // 4), ((), None), (0.1 * (i % 3), -0.2), "ab"[i % 2]) for i in range(24)]
+    points += [points[0], points[0]]                       # identical points: occurrences 1, 2
+    seen, want = {}, []
+    for ts, (event_id, _), features, label in points:
+        content = (ts, tuple(features), spec._class_index.get(label, -1))
+        occurrence = seen.get(content, 0)
+        seen[content] = occurrence + 1
+        tiebreak = KEY.stream("erm.tiebreak", "erm", key_label("k"), *content, occurrence).randbits(64)
+        want.append((ts, (event_id, tiebreak), features, label))
+    assert spec.ordered("k", points) == sorted(want, key=lambda p: (p[0], p[1]))
+
+
+@pytest.mark.parametrize("cls,args", [
+    (mech.ContinualERMMechanism, dict(block_size=3, base_size=6)),
+    (mech.SlidingWindowERMMechanism, dict(block_size=2, window=14)),
+    (mech.MultiResolutionERMMechanism, dict(block_size=3, max_scale=2)),
+])
+def test_reseed_in_place_releases_what_the_state_round_trip_releases(cls, args):
+    # The release DoFn reseeds at every step: in place now, through the state before.
+    from dp_beam.transforms.release_spec import ReleaseSpec
+    from dp_beam.mechanisms.noise_key import KeyedNoise
+    spec = _spec(cls, args)
+    events = _points(60)
+    records = {}
+    for how in ("in place", "round trip"):
+        bag, meta = _Bag(), _Cell()
+        mechanism, state, out = None, None, []
+        for step in range(12):
+            source = KeyedNoise(KEY, ("erm", "k")).for_identity(step, "step")
+            if mechanism is None:
+                # A firing's first step: the stream opens, or is restored with a new log.
+                log = BagLog(bag, meta)
+                if state is None:
+                    mechanism = spec.new_mechanism(source, log=log)
+                else:
+                    mechanism = spec.restore(state, source, log=log)
+            elif how == "in place":
+                mechanism = spec.reseed(mechanism, source, log=mechanism.log)
+            else:
+                mechanism = ReleaseSpec.reseed(spec, mechanism, source, log=mechanism.log)
+            aggregate = [(e["ts"], ((), None), tuple(e["x"]), e["y"]) for e in events[5 * step:5 * step + 5]]
+            out += list(spec.release(mechanism, "k", step, aggregate))
+            if step % 4 == 3:
+                state = mechanism.to_state()
+                mechanism.log.flush()
+                mechanism = None
+        records[how] = out
+    assert len(records["in place"]) >= 8
+    assert records["in place"] == records["round trip"]

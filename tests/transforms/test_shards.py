@@ -91,6 +91,34 @@ def test_batch_sharded_mean_equals_per_key_mean(preset):
     assert run(2) == per_key
 
 
+@pytest.mark.parametrize("cls, extra", [(dpb.ContinualERM, {"base_size": 16}),
+                                        (dpb.SlidingWindowERM, {"window": 12}),
+                                        (dpb.MultiResolutionERM, {"max_scale": 4})],
+                         ids=["continual", "sliding", "multi-resolution"])
+def test_batch_sharded_erm_equals_per_key_erm(cls, extra):
+    # ERM streams keep their blocks in a per-stream log; sharded, it lives in memory.
+    keys, steps = 7, 10
+    events = _events(keys, steps)
+
+    def run(shards):
+        def build(p):
+            res = (p | beam.Create(events) | beam.Map(_stamp)
+                   | cls(features_fn=lambda e: [e[2] / 5.0, (e[1] % 7) / 7.0],
+                         label_fn=lambda e: int(e[2]) % 2, classes=(0, 1), n_features=2,
+                         feature_bound=1.0, lam=0.1, block_size=4, epsilon=1.0, step=HOUR,
+                         start=0, end=steps * HOUR, key_fn=lambda e: e[0],
+                         keys=[f"k{k}" for k in range(keys)], noise_key=KEY, shards=shards,
+                         **extra))
+            return {"releases": res.releases, "accounting": res.accounting, "invalid": res.invalid}
+
+        out = collect(batch_options(), build)
+        return tuple(sorted(repr(r) for r in out[name]) for name in ("releases", "accounting", "invalid"))
+
+    per_key = run(0)
+    assert per_key[0] and len(per_key[1]) == keys and per_key[2]
+    assert run(3) == per_key
+
+
 def test_streaming_sharded_release_equals_per_key_release_with_late_data():
     """TestStream: the watermark passes steps in jumps, one event is late (deferred)
     and one is dropped: the shard's single timer reproduces every stream's firings."""
