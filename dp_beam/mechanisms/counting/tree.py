@@ -365,22 +365,27 @@ class BinaryTreeMechanism(CounterParameters):
             return self._output(self._roots)
         return self._output(self._roots + self._tree_sum(self._nodes, count))
 
+    def _next_position(self):
+        """``(t, count, levels, k)`` of the next step of the Python-number paths: its index in
+        its tree, the tree's depth and (unbounded) its epoch, whose tree is allocated at
+        the epoch's first step (as :meth:`step` does)."""
+        t = self._t + 1
+        if self._horizon is not None:
+            if t > self._horizon:
+                raise ValueError(f"horizon exceeded: horizon is {self._horizon}, step {t} requested")
+            return t, t, self._nodes.shape[0], None
+        k, count = epoch_of(t)
+        if count == 1:
+            self._nodes = np.zeros((k + 1, self._dim), dtype=np.float64)
+        return t, count, k + 1, k
+
     def _step_scalar(self, x: float) -> float:
         """:meth:`step` of a scalar stream on Python floats: the same additions in the same
         order (IEEE-754 doubles either way, so the same bits), without the small arrays
         that cost more than the arithmetic. A release DoFn steps every stream once per step."""
         if not math.isfinite(x):
             raise ValueError(f"x must be finite, got {x!r}")
-        t = self._t + 1
-        if self._horizon is not None:
-            if t > self._horizon:
-                raise ValueError(f"horizon exceeded: horizon is {self._horizon}, step {t} requested")
-            count, levels = t, self._nodes.shape[0]
-        else:
-            k, count = epoch_of(t)
-            levels = k + 1
-            if count == 1:
-                self._nodes = np.zeros((levels, 1), dtype=np.float64)
+        t, count, levels, k = self._next_position()
         column = self._nodes[:, 0]        # a view: writing it writes the state
         values = column.tolist()
         i = _trailing_zeros(count)
@@ -423,16 +428,7 @@ class BinaryTreeMechanism(CounterParameters):
         arithmetic. Returns a new array, as :meth:`step` does."""
         if not all(math.isfinite(v) for v in x):
             raise ValueError(f"x must be finite, got {x!r}")
-        t = self._t + 1
-        if self._horizon is not None:
-            if t > self._horizon:
-                raise ValueError(f"horizon exceeded: horizon is {self._horizon}, step {t} requested")
-            count, levels = t, self._nodes.shape[0]
-        else:
-            k, count = epoch_of(t)
-            levels = k + 1
-            if count == 1:
-                self._nodes = np.zeros((levels, self._dim), dtype=np.float64)
+        t, count, levels, k = self._next_position()
         rows = self._nodes.tolist()
         i = _trailing_zeros(count)
         exact = [a + b for a, b in zip(x, rows[i])]
