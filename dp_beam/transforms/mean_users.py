@@ -117,6 +117,12 @@ class PrepareMeanEvents(ValidatingDoFn):
             yield user, (key, value, ts)
 
 
+
+def _micros(ts: Any) -> int:
+    """``Timestamp.of(ts).micros``: for an int or a float that is ``int(ts * 10**6)``, computed
+    here without the object (once per event)."""
+    return int(ts * 1000000) if type(ts) in (float, int) else Timestamp.of(ts).micros
+
 class _UserStage(beam.DoFn):
     """Per-user schedule (M-2) of one event: the part both per-user stages share.
 
@@ -151,7 +157,7 @@ class _UserStage(beam.DoFn):
 
     def _reject(self, counter, reason, user, key, value, ts, by_key=False):
         counter.inc()
-        return capped(reason, user, Timestamp.of(ts).micros // self._step_micros,
+        return capped(reason, user, _micros(ts) // self._step_micros,
                       {"key": key, "value": list(value) if isinstance(value, tuple) else value}, ts,
                       key=by_key)
 
@@ -171,11 +177,8 @@ class _UserStage(beam.DoFn):
                                 user, key, value, ts)
         latest = ts if entry[1] is None else max(entry[1], ts)
         entry[1] = latest
-        # The step of the event-time window Beam would assign (same microsecond rounding:
-        # Timestamp.of(seconds).micros is int(seconds * 10**6) for an int or a float).
-        micros = (int(latest * 1000000) if type(latest) in (float, int)
-                  else Timestamp.of(latest).micros)
-        step = micros // self._step_micros
+        # The step of the event-time window Beam would assign (same microsecond rounding).
+        step = _micros(latest) // self._step_micros
         if self._scalar:
             # A float: the mechanism's scalar schedule (the same arithmetic as on arrays).
             x = float((value - self._lo0) / self._r0)
