@@ -145,7 +145,7 @@ class ERMStream:
         """
         self._source = make_noise(rng)
         for op in self._ops:
-            op.source = make_noise(self._source)
+            op.source = self._source   # as the constructor's make_noise(rng=self._source) leaves it
 
     @property
     def t(self) -> int:
