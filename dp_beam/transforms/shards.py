@@ -181,7 +181,8 @@ class BatchShardReleaseDoFn(beam.DoFn):
     in. Each element is fed to the per-key DoFn's own ``_process`` on
     in-memory stand-ins, then each stream whose timer was set is fired
     once at that time with ``_fire``, exactly as the stateful path would
-    when the watermark reaches the end of input (a spec with a log gets
+    when the watermark reaches the end of input (its last firing: the mechanism's
+    state is not serialised, as nothing reads it again; a spec with a log gets
     :class:`~dp_beam.transforms.bag_log.BagLog` over in-memory stand-ins of
     the log cells, empty as the per-key log is at that one firing). So the records (releases,
     ledger, invalid) are the same bit for bit, without a state read or
@@ -265,4 +266,4 @@ class BatchShardReleaseDoFn(beam.DoFn):
             log = {}
             if isinstance(inner, LoggedReleaseDoFn):
                 log["log"] = inner.stream_log(_Bag(entry, "log"), _Cell(entry, "log_meta"))
-            yield from inner._fire(key, Timestamp(due), *cells, **log)
+            yield from inner._fire(key, Timestamp(due), *cells, final=True, **log)

@@ -503,7 +503,9 @@ class BLTMechanism(FactorisationMechanism):
         buffers = core["buffers"]
         # The product stays NumPy's: BLAS may fuse its multiply-adds (it does on x86-64 with
         # FMA), so a Python sum would differ in the last bit. The rest is elementwise, exact.
-        u = y - float((plan.omega @ buffers)[0])
+        # ndarray.dot is the same BLAS dot as `@` without the matmul ufunc's dispatch (half
+        # its 0.9 µs; test_blt_scalar.py checks the bits against the array path, which uses `@`).
+        u = y - float(plan.omega.dot(buffers)[0])
         buffers *= plan.theta_column
         buffers += u
         core["total"][0] += u  # the same addition as `total += u`, without a ufunc call

@@ -149,8 +149,11 @@ class FactorisationMechanism(CounterParameters):
         rng: Any = None,
         calibration: str = "zcdp",
     ) -> None:
+        self._setup(CounterConfig(epsilon, sensitivity, horizon, noise, delta, dim, calibration),
+                    rng)
+
+    def _setup(self, config: CounterConfig, rng: Any) -> None:
         self._last_std = None  # (t, std) of the last noise_std call
-        config = CounterConfig(epsilon, sensitivity, horizon, noise, delta, dim, calibration)
         self._check_max_horizon(config.horizon)
         self._check_offered(config.noise)
         self._configure(config, rng)

@@ -9,6 +9,7 @@ that the tree and the factorisation mechanisms cannot drift apart.
 """
 
 import dataclasses
+import functools
 import math
 import numbers
 from typing import Any, Dict, Optional, Tuple, Type
@@ -204,9 +205,10 @@ class CounterConfig:
         for name, value in checked.items():
             object.__setattr__(self, name, value)
 
-    @property
+    @functools.cached_property
     def rho(self) -> float:
-        """ρ such that the whole output sequence is ρ-zCDP (:func:`zcdp_rho`)."""
+        """ρ such that the whole output sequence is ρ-zCDP (:func:`zcdp_rho`); computed once
+        per config, which every stream's mechanism shares."""
         return zcdp_rho(self.noise, self.calibration, self.epsilon, self.delta)
 
     def cost(self) -> Cost:
@@ -295,7 +297,13 @@ class CounterParameters:
         """A new mechanism with the parameters of ``config``; ``rng`` as the constructor's."""
         if not isinstance(config, CounterConfig):
             raise ValueError(f"config must be a CounterConfig, got {type(config).__name__}")
-        return cls(rng=rng, **config.to_dict())
+        # The config is valid already: set up from it as the keyword constructor does after
+        # building one, without validating the fields again (a release opens a mechanism
+        # per stream, and the checks cost as much as the rest of the set-up).
+        # Every counter's constructor builds its config and hands it to its ``_setup``.
+        mechanism = cls.__new__(cls)
+        mechanism._setup(config, rng)
+        return mechanism
 
     @property
     def config(self) -> CounterConfig:

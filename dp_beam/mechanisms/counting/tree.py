@@ -182,9 +182,11 @@ class BinaryTreeMechanism(CounterParameters):
         rng: Any = None,
         calibration: str = "zcdp",
     ) -> None:
-        self._configure(CounterConfig(epsilon, sensitivity, horizon, noise, delta, dim,
-                                      calibration), rng)
+        self._setup(CounterConfig(epsilon, sensitivity, horizon, noise, delta, dim, calibration),
+                    rng)
 
+    def _setup(self, config: CounterConfig, rng: Any) -> None:
+        self._configure(config, rng)
         self._scales = {}
         self._last_scales = None  # (t, scales) of the last noise_scales call
         self._t = 0
