@@ -174,15 +174,28 @@ class DeclaredKeys(NamedTuple):
             # normalised like event keys; one that cannot be a key (NaN,
             # unhashable) opens no stream (no event can match it).
             return self.pcoll | f"{label}Open" >> beam.FlatMap(_open_stream, start_step)
+        # One element whose function holds the keys, rather than a Create of the markers:
+        # Create would infer the type of every marker and encode each of them three times
+        # at construction (measured: 7.5 s to build and translate a ContinualCount with
+        # 100,000 declared keys, now 0.4 s), and its default reshuffle would shuffle every key
+        # before the grouping by stream or shard that follows anyway.
         return (pipeline
-                | f"{label}Create" >> beam.Create(
-                    sorted(((k, (start_step, StreamStart())) for k in self.keys), key=repr)))
+                | f"{label}Impulse" >> beam.Impulse()
+                | f"{label}Create" >> beam.FlatMap(
+                    _declared_seeds, tuple(sorted(self.keys, key=repr)), start_step
+                ).with_output_types(Tuple[Any, Tuple[int, Any]]))
 
     def side_input(self) -> Optional[beam.pvalue.AsList]:
         """The side input the validation stage reads (``None`` for a list of keys)."""
         if self.pcoll is None:
             return None
         return beam.pvalue.AsList(self.pcoll)
+
+
+def _declared_seeds(unused_impulse, keys, start_step):
+    marker = (start_step, StreamStart())
+    for key in keys:
+        yield key, marker
 
 
 def _open_stream(key, start_step):
