@@ -286,6 +286,11 @@ def _encode_length(n):
     return n.to_bytes(8, "big")
 
 
+_pack_double = struct.Struct(">d").pack
+#: The float types a float label is packed as it is (np.float64 is a float subclass).
+_DOUBLES = frozenset({float, np.float64})
+
+
 def _encode_label(value, out):
     # Every label is a one-byte type tag followed by a self-delimiting body,
     # so the encoding of a tuple is injective and prefix-free: ("a", "bc")
@@ -300,6 +305,17 @@ def _encode_label(value, out):
     elif kind is str:
         body = value.encode("utf-8", "surrogatepass")
         out.append(b"S" + len(body).to_bytes(8, "big") + body)
+    elif kind is float:
+        out.append(b"F" + _pack_double(value))
+    elif kind is tuple and value and set(map(type, value)) <= _DOUBLES:
+        # A vector of floats (an ERM point's features): packed in one call, then each
+        # value's 8 bytes placed behind its tag. The same bytes as the items one by one.
+        n = len(value)
+        packed = struct.pack(f">{n}d", *value)
+        body = bytearray(b"F" * (9 * n))
+        for j in range(8):
+            body[1 + j::9] = packed[j::8]
+        out.append(b"T" + n.to_bytes(8, "big") + body)
     elif value is None:
         out.append(b"N")
     elif isinstance(value, (bool, np.bool_)):

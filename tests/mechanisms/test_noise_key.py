@@ -14,6 +14,7 @@ import hashlib
 import math
 import os
 import pickle
+import struct
 import subprocess
 import sys
 from fractions import Fraction
@@ -66,6 +67,29 @@ def test_identity_encoding_is_unambiguous(a, b):
 
 def test_identity_encoding_of_numpy_scalars_matches_python():
     assert encode_identity((np.int64(7), np.float64(0.5), np.bool_(True))) == encode_identity((7, 0.5, True))
+
+
+def _documented(label):
+    # The encoding as encode_identity's docstring states it, one item at a time.
+    if isinstance(label, tuple):
+        return (b"T" + len(label).to_bytes(8, "big")
+                + b"".join(_documented(item) for item in label))
+    if isinstance(label, (float, np.floating)):
+        return b"F" + struct.pack(">d", float(label))
+    body = int(label).to_bytes((int(label).bit_length() + 8) // 8, "big", signed=True)
+    return b"I" + len(body).to_bytes(8, "big") + body
+
+
+@pytest.mark.parametrize("label", [
+    0.5, -0.0, math.inf, 5e-324, (), (0.25,), (1.0, -0.0, math.inf, 5e-324, -1e308),
+    tuple(np.linspace(-1, 1, 100).tolist()), (0.5, np.float64(0.25)), (np.float64(2.0),) * 3,
+    (0.5, np.float32(0.25)), (0.5, 1), (1, 0.5), ((0.5, 0.25), 0.125),
+])
+def test_float_labels_and_vectors_encode_item_by_item(label):
+    # Floats and all-float tuples (ERM features) take a packed fast path; its bytes
+    # must be those of the documented item-by-item encoding, and so must every
+    # tuple that mixes in other types.
+    assert encode_identity((label,)) == b"T" + (1).to_bytes(8, "big") + _documented(label)
 
 
 @pytest.mark.parametrize("bad", [object(), Fraction(1, 2), {"a": 1}, {1, 2}, 1j])

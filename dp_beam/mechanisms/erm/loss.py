@@ -8,7 +8,7 @@ sensitivity of every release is calibrated to.
 """
 
 import math
-from typing import Any, Sequence, Tuple, Union
+from typing import Any, Callable, Sequence, Tuple, Union
 
 import numpy as np
 from numpy.typing import ArrayLike
@@ -108,8 +108,13 @@ class LogisticLoss:
         return int(self.labels([y])[0])
 
     def augment(self, X: ArrayLike) -> np.ndarray:
+        """X with a column of ones appended when ``fit_intercept`` (the x̃ of erm.md E-3)."""
         if self.fit_intercept:
-            return np.hstack([X, np.ones((X.shape[0], 1))])
+            # np.hstack([X, ones]) without its stacking machinery: the same array.
+            Xa = np.empty((X.shape[0], X.shape[1] + 1), dtype=np.result_type(X, np.float64))
+            Xa[:, :-1] = X
+            Xa[:, -1] = 1.0
+            return Xa
         return X
 
     def unpack(self, theta: ArrayLike) -> Tuple[np.ndarray, Union[float, np.ndarray]]:
@@ -126,24 +131,35 @@ class LogisticLoss:
     def value_grad(self, theta: ArrayLike, Xa: ArrayLike,
                    yi: ArrayLike) -> Tuple[float, np.ndarray]:
         """Mean loss and gradient over augmented rows ``Xa`` with class indices ``yi``."""
+        return self.value_grad_on(Xa, yi)(theta)
+
+    def value_grad_on(self, Xa: ArrayLike, yi: ArrayLike) -> Callable[[ArrayLike], Tuple[float, np.ndarray]]:
+        """``θ ↦ value_grad(θ, Xa, yi)``, with what depends on the data only computed once
+        (a solver evaluates it at many θ on the same points, erm.md E-3)."""
         n = Xa.shape[0]
         if self.binary:
-            s = 2.0 * yi - 1.0
-            neg_margin = -(s * (Xa @ theta))
-            # The mean as np.mean computes it (the float64 sum over n), without its wrapper.
-            value = float(np.add.reduce(np.logaddexp(0.0, neg_margin))) / n
-            coef = -s * sigmoid(neg_margin)
-            return value, Xa.T @ coef / n
+            # −s with s = 2y − 1 = ±1: −(s·m) and (−s)·m are the same float (both exact).
+            neg_s = -(2.0 * yi - 1.0)
+
+            def binary(theta):
+                neg_margin = neg_s * (Xa @ theta)
+                # The mean as np.mean computes it (the float64 sum over n), without its wrapper.
+                value = float(np.add.reduce(np.logaddexp(0.0, neg_margin))) / n
+                return value, Xa.T @ (neg_s * sigmoid(neg_margin)) / n
+            return binary
         K = self.n_outputs
-        Th = theta.reshape(K, Xa.shape[1])
-        Z = Xa @ Th.T
-        zmax = Z.max(axis=1, keepdims=True)
-        lse = zmax[:, 0] + np.log(np.exp(Z - zmax).sum(axis=1))
         rows = np.arange(n)
-        value = float(np.add.reduce(lse - Z[rows, yi])) / n
-        P = np.exp(Z - lse[:, None])
-        P[rows, yi] -= 1.0
-        return value, (P.T @ Xa).ravel() / n
+
+        def softmax(theta):
+            Th = theta.reshape(K, Xa.shape[1])
+            Z = Xa @ Th.T
+            zmax = Z.max(axis=1, keepdims=True)
+            lse = zmax[:, 0] + np.log(np.exp(Z - zmax).sum(axis=1))
+            value = float(np.add.reduce(lse - Z[rows, yi])) / n
+            P = np.exp(Z - lse[:, None])
+            P[rows, yi] -= 1.0
+            return value, (P.T @ Xa).ravel() / n
+        return softmax
 
     def decision(self, theta: ArrayLike, X: ArrayLike) -> np.ndarray:
         Xa = self.augment(self.clip(X))
@@ -160,5 +176,6 @@ def sigmoid(z: ArrayLike) -> np.ndarray:
     on the same arrays).
     """
     e = np.exp(-np.abs(z))
-    denominator = 1.0 + e
-    return np.where(z >= 0, 1.0 / denominator, e / denominator)
+    # The numerator picked before dividing: each entry is the quotient its branch
+    # gave (1/(1 + e) or e/(1 + e)), with one division per entry instead of two.
+    return np.where(z >= 0, 1.0, e) / (1.0 + e)

@@ -158,8 +158,10 @@ def solve_erm(loss: LogisticLoss, X: ArrayLike, y: ArrayLike, lam: float,
     yi = np.asarray(y, dtype=np.int64)
     gtol = tol_fraction * loss.lipschitz / n
 
+    value_grad = loss.value_grad_on(Xa, yi)
+
     def objective(theta):
-        value, grad = loss.value_grad(theta, Xa, yi)
+        value, grad = value_grad(theta)
         diff = theta - ref
         return value + lam * float(diff @ diff), grad + 2.0 * lam * diff
 
@@ -197,15 +199,22 @@ class _Remembered:
         return value, grad
 
 
+def _lbfgsb(fun, x0, pgtol):
+    """The L-BFGS-B result from ``x0`` (``fun`` gives F and ∇F; max-norm gradient tolerance
+    ``pgtol``, no F-decrease test)."""
+    result = optimize.minimize(
+        fun, x0.copy(), jac=True, method="L-BFGS-B",
+        options={"gtol": pgtol, "ftol": 0.0, "maxiter": 10_000, "maxcor": 20},
+    )
+    return result.x
+
+
 def _start_point(fun, ref, max_norm_gtol):
     """``(θ₀, ∇F(θ₀))``: the L-BFGS result from θ_ref, or θ_ref itself when that result is
     worse or not finite (the descent bound of :func:`solve_erm` needs F(θ₀) <= F(θ_ref))."""
     with _one_blas_thread(ref.shape[0]):
-        result = optimize.minimize(
-            fun, ref.copy(), jac=True, method="L-BFGS-B",
-            options={"gtol": max_norm_gtol, "ftol": 0.0, "maxiter": 10_000, "maxcor": 20},
-        )
-    theta = np.asarray(result.x, dtype=np.float64)
+        theta = _lbfgsb(fun, ref, max_norm_gtol)
+    theta = np.asarray(theta, dtype=np.float64)
     value, grad = fun(theta) if np.isfinite(theta).all() else (math.inf, None)
     if not value <= fun(ref)[0]:
         theta = ref.copy()

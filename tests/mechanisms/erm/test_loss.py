@@ -71,6 +71,23 @@ def test_value_grad_and_sigmoid_give_the_bits_of_the_unshared_computation(k):
     assert sigmoid(z).tobytes() == _old_sigmoid(z).tobytes()
 
 
+def test_augment_and_value_grad_on_give_the_bits_of_their_plain_forms():
+    rng = np.random.default_rng(11)
+    for k, d, n, intercept in ((2, 3, 9, True), (2, 100, 64, False), (4, 5, 1, True)):
+        loss = LogisticLoss(d, list(range(k)), 1.0, fit_intercept=intercept)
+        X = loss.clip(rng.normal(size=(n, d)))
+        Xa = loss.augment(X)
+        want = np.hstack([X, np.ones((n, 1))]) if intercept else X
+        assert Xa.tobytes() == want.tobytes() and Xa.shape == want.shape and Xa.flags.c_contiguous
+        yi = rng.integers(0, k, size=n)
+        on_data = loss.value_grad_on(Xa, yi)
+        for spread in (0.1, 5.0, 400.0):
+            theta = rng.normal(size=loss.n_params) * spread
+            value, grad = on_data(theta)
+            old_value, old_grad = _old_value_grad(loss, theta, Xa, yi)
+            assert value == old_value and grad.tobytes() == old_grad.tobytes()
+
+
 def test_clip_point_and_label_index_match_the_batch_forms():
     loss = LogisticLoss(5, ["a", 1, 2.5, None, b"x"], 1.3, True)
     rng = np.random.default_rng(7)
