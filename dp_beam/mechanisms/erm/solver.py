@@ -70,14 +70,16 @@ def _scipy_openblas():
     if _THREADS["libs"] is None:
         libs = []
         if ThreadpoolController is not None:
-            bundled = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(scipy.__file__))),
+            # Real paths: the loader reports a library's resolved path, so a venv reached
+            # through a symlink would otherwise never match.
+            bundled = os.path.join(os.path.dirname(os.path.dirname(os.path.realpath(scipy.__file__))),
                                    "scipy.libs")
             try:
                 controllers = ThreadpoolController().lib_controllers
             except Exception:  # an unexpected platform: keep the default threads
                 controllers = []
             libs = [lib for lib in controllers if lib.internal_api == "openblas"
-                    and os.path.dirname(os.path.abspath(lib.filepath)) == bundled]
+                    and os.path.dirname(os.path.realpath(lib.filepath)) == bundled]
         _THREADS["libs"] = libs
     return _THREADS["libs"]
 
