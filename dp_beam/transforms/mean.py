@@ -9,10 +9,14 @@ projection of every released element for every candidate prior;
 of Algorithm 6 (the L+1 trees, the medians, the count tree under participation,
 and the estimate). Unbounded input keeps each user's schedules in one Beam state
 cell (O(k·d) numbers per user) and places aggregates in event-time fixed
-windows; bounded input groups each user's events (``GroupByKey``), runs the
-schedule in event-time order and keys the combine by (key, step), because on
-the batch runners a state cell per user cost more than the schedule itself
-(``benchmarks/mean_throughput.py``).
+windows; bounded input groups each user's events (``GroupByKey``, each bundle's
+events gathered per user first), runs the schedule in event-time order and keys
+the combine by (key, step), because on the batch runners a state cell per user
+cost more than the schedule itself (``benchmarks/mean_throughput.py``). With the
+sharded release of bounded input the combine is that of the release itself: each
+bundle's aggregates are merged per (key, step) where they are made and merged
+across bundles in the shard's grouping (:class:`.mean_users.WithholdReleaseTotals`),
+the same sums as the ``CombinePerKey``.
 
 All DP math lives in :mod:`dp_beam.mechanisms.continual_mean`; this module
 only moves data and splits the budget over keys.
@@ -83,12 +87,13 @@ from dp_beam.transforms.events import (CAPPED, INVALID, TRANSIENT_ERRORS, UNBOUN
 from dp_beam.transforms.keys import UNITS
 from dp_beam.transforms.mean_aggregates import (MedianStoreInLog, MergeAggregates, PackedSamples,
                                                 plain)
-from dp_beam.transforms.mean_users import (PrepareMeanEvents, WithholdRelease,
-                                           WithholdReleaseBatch)
+from dp_beam.transforms.mean_users import (PrepareMeanEvents, PrepareMeanEventsBatch,
+                                           WithholdRelease, WithholdReleaseBatch,
+                                           WithholdReleaseTotals)
 from dp_beam.transforms.release_spec import ReleaseSpec
 from dp_beam.transforms.steps import StepEnd, StepOf, in_global_window
-from dp_beam.transforms.streams import (private_keys, release_streams, set_release_options,
-                                        validation)
+from dp_beam.transforms.streams import (private_keys, raw_steps, release_streams,
+                                        set_release_options, validation)
 
 __all__ = ["ContinualMean", "MeanReleaseSpec", "MECHANISM", "PackedSamples", "resolve_bounds"]
 
@@ -470,21 +475,38 @@ class ContinualMean(beam.PTransform):
         # The schedule decides the steps, not the input's windows (design D2.1).
         events = in_global_window(events, "EventWindow")
         schedule, declared, side = validation(self)
-        prepared = events | "Validate" >> beam.ParDo(PrepareMeanEvents(
+        # Bounded: each bundle's events gathered per user for the per-user grouping.
+        prepare = PrepareMeanEventsBatch if events.is_bounded else PrepareMeanEvents
+        prepared = events | "Validate" >> beam.ParDo(prepare(
             label, self._value_fn, self._user_fn, self._key_fn, self._timestamp_fn,
-            self._lower, self._upper, schedule, declared, self._transient,
-            stamp=not events.is_bounded), **side).with_outputs(INVALID, main="valid")
+            self._lower, self._upper, schedule, declared, self._transient),
+            **side).with_outputs(INVALID, main="valid")
         invalids = [prepared[INVALID]]
         stage = dict(transform=label, params=self._params, lower=self._lower, upper=self._upper,
                      step_micros=self._step_micros, max_keys=self._max_keys,
                      selecting=private_keys(self) is not None)
         users = prepared.valid
-        if events.is_bounded:
+        entry = self.plan_entry(label)
+        spec = MeanReleaseSpec(label, self._step, self._params, self._lower, self._upper,
+                               self._horizon, entry)
+        combine_fn = None
+        if events.is_bounded and raw_steps(self, events) and not spec.uses_log:
+            # The sharded batch release groups per shard anyway: it merges the bundles'
+            # partial aggregates per (key, step) there, instead of a combine's own grouping.
+            combine_fn = MergeAggregates()
+            per_user = (users
+                        | "PerUser" >> beam.GroupByKey()
+                        | "WithholdRelease" >> beam.ParDo(
+                            WithholdReleaseTotals(shards=self._shards, gathered=True, **stage))
+                        .with_outputs(CAPPED, UNITS, main="aggregates"))
+            aggregates = per_user.aggregates
+        elif events.is_bounded:
             # Batch: a user's events grouped and taken in event-time order; the
             # step is part of the key, so no event-time windows are needed.
             per_user = (users
                         | "PerUser" >> beam.GroupByKey()
-                        | "WithholdRelease" >> beam.ParDo(WithholdReleaseBatch(**stage))
+                        | "WithholdRelease" >> beam.ParDo(
+                            WithholdReleaseBatch(gathered=True, **stage))
                         .with_outputs(CAPPED, UNITS, main="aggregates"))
             aggregates = (per_user.aggregates
                           | "PerStep" >> beam.CombinePerKey(MergeAggregates())
@@ -500,8 +522,5 @@ class ContinualMean(beam.PTransform):
                           | "StepIndex" >> beam.ParDo(StepOf(self._step_micros))
                           | "Rewindow" >> beam.WindowInto(GlobalWindows()))
         invalids.append(per_user[CAPPED] | "CountCapped" >> CountCapped(label, self._step))
-        entry = self.plan_entry(label)
-        spec = MeanReleaseSpec(label, self._step, self._params, self._lower, self._upper,
-                               self._horizon, entry)
         return release_streams(self, events, aggregates, spec, entry, invalids,
-                               units=per_user[UNITS], unit="user")
+                               units=per_user[UNITS], unit="user", combine_fn=combine_fn)

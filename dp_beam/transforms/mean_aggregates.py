@@ -112,7 +112,8 @@ def merge_into(acc: MeanAggregate, agg: MeanAggregate) -> MeanAggregate:
     each time, which made a step's combine quadratic in its events. Arrays of
     ``agg`` may be stored in ``acc`` but are never modified in place (sums make
     new arrays), so inputs stay intact. ``acc.samples`` must be ``acc``'s own
-    (a fresh list or :class:`PackedSamples`).
+    (a list or :class:`PackedSamples`), or the empty tuple of an aggregate without
+    samples, which the first samples merged in replace by a :class:`PackedSamples`.
     """
     if MeanAggregate.__slots__ != _MERGED_FIELDS:
         # A field this in-place merge does not know: the mechanism's own merge.
@@ -135,6 +136,8 @@ def merge_into(acc: MeanAggregate, agg: MeanAggregate) -> MeanAggregate:
     if agg.a_inc:
         _add_into(acc.a_inc, agg.a_inc)
     if agg.samples:
+        if type(acc.samples) is tuple:
+            acc.samples = PackedSamples()
         acc.samples.extend(agg.samples)
     if agg.max_count > acc.max_count:
         acc.max_count = agg.max_count
@@ -147,10 +150,11 @@ def _add_into(mine: Dict[Any, Any], other: Dict[Any, Any]) -> None:
 
 
 def accumulator() -> MeanAggregate:
-    """An empty aggregate that owns its samples, as :func:`merge_into` needs."""
-    acc = MeanAggregate()
-    acc.samples = PackedSamples()
-    return acc
+    """An empty aggregate for :func:`merge_into`. Its samples are the empty tuple until
+    the first ones arrive (then a :class:`PackedSamples` of its own): a step's
+    accumulator usually has none, and three tracked objects fewer per (key, step) cost
+    the garbage collector measurably less while a bundle's table is alive."""
+    return MeanAggregate()
 
 
 class MergeAggregates(beam.CombineFn):

@@ -1,17 +1,20 @@
 """The per-user stages of ``ContinualMean``: validation and the withhold-release schedule.
 
-:class:`PrepareMeanEvents` validates and clamps every event in parallel;
-:class:`WithholdRelease` (unbounded input, one Beam state cell per user) and
-:class:`WithholdReleaseBatch` (bounded input, a user's events grouped) run each
+:class:`PrepareMeanEvents` validates and clamps every event in parallel
+(:class:`PrepareMeanEventsBatch`, for bounded input, also gathers a bundle's events
+per user); :class:`WithholdRelease` (unbounded input, one Beam state cell per user)
+and :class:`WithholdReleaseBatch` (bounded input, a user's events grouped) run each
 user's withhold-release schedule (docs/privacy/mean.md M-2) for every key the
-user keeps (M-9) and emit the user's per-step :class:`MeanAggregate` s. The
-schedule and every projection are the mechanism's
+user keeps (M-9) and emit the user's per-step :class:`MeanAggregate` s
+(:class:`WithholdReleaseTotals`: merged per bundle, key and step, for the sharded
+release). The schedule and every projection are the mechanism's
 (:func:`dp_beam.mechanisms.continual_mean.contribution`); these stages only
 route events to it.
 """
 
+import itertools
 import math
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import apache_beam as beam
 import numpy as np
@@ -25,10 +28,12 @@ from dp_beam.mechanisms.continual_mean import MeanParams, UserState, contributio
 from dp_beam.transforms.contributions import capped
 from dp_beam.transforms.events import NAMESPACE, TRANSIENT_ERRORS, ValidatingDoFn, as_real
 from dp_beam.transforms.keys import UNITS
-from dp_beam.transforms.mean_aggregates import merge_into
-from dp_beam.transforms.stream_keys import KV
+from dp_beam.transforms.mean_aggregates import PackedSamples, merge_into
+from dp_beam.transforms.steps import global_element
+from dp_beam.transforms.stream_keys import KV, StreamKey, shard_of
 
-__all__ = ["PrepareMeanEvents", "WithholdRelease", "WithholdReleaseBatch"]
+__all__ = ["PrepareMeanEvents", "PrepareMeanEventsBatch", "WithholdRelease", "WithholdReleaseBatch",
+           "WithholdReleaseTotals"]
 
 
 @beam.typehints.with_output_types(KV)
@@ -94,27 +99,79 @@ class PrepareMeanEvents(ValidatingDoFn):
             self._clamped.inc()
         return (out[0] if d == 1 else tuple(out)), None
 
-    def process(self, element, timestamp=beam.DoFn.TimestampParam, declared=None):
+    def _checked(self, element, timestamp, declared):
+        """``(user, (key, value, ts))`` of a valid ``element``, else its dead letter."""
         ts, key, err = self._time_and_key(element, timestamp, declared)
         if err:
-            yield self._reject(element, err, timestamp)
-            return
+            return self._reject(element, err, timestamp)
         user, err = self._user(element, self._user_fn)
         if err:
-            yield self._reject(element, err, timestamp)
-            return
+            return self._reject(element, err, timestamp)
         raw, err = self._call("value_fn", self._value_fn, element)
         if err:
-            yield self._reject(element, err, timestamp)
-            return
+            return self._reject(element, err, timestamp)
         value, err = self._value(raw)
         if err:
-            yield self._reject(element, err, timestamp)
-            return
-        if self._stamp:
-            yield beam.window.TimestampedValue((user, (key, value, ts)), ts)
+            return self._reject(element, err, timestamp)
+        return user, (key, value, ts)
+
+    def process(self, element, timestamp=beam.DoFn.TimestampParam, declared=None):
+        out = self._checked(element, timestamp, declared)
+        if self._stamp and type(out) is tuple:
+            return (beam.window.TimestampedValue(out, out[1][2]),)
+        return (out,)
+
+
+#: Valid events a bundle of :class:`PrepareMeanEventsBatch` holds before it sends them on.
+MAX_BUNDLE_EVENTS = 1 << 16
+
+
+@beam.typehints.with_output_types(KV)
+class PrepareMeanEventsBatch(PrepareMeanEvents):
+    """:class:`PrepareMeanEvents` for bounded input, a bundle's valid events gathered per user:
+    ``(user, [(key, value, ts), ...])``, the events in the order they came, so the per-user
+    grouping that follows holds each user's events in the same order as one element each
+    (for :class:`WithholdReleaseBatch` with ``gathered=True``).
+
+    An element per event cost the runner a dispatch, an encoding and a decoding per
+    event on its way through the grouping; here that is paid per user and bundle. A
+    bundle sends its users' lists on at its end, or whenever it holds
+    :data:`MAX_BUNDLE_EVENTS` events (a bound on its memory), in the global window at
+    the earliest Beam timestamp among them. Dead letters leave at once, as before.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, stamp=False, **kwargs)
+        self._users: Dict[Any, List[Any]] = {}
+        self._held, self._earliest = 0, None
+
+    def start_bundle(self):
+        self._users, self._held, self._earliest = {}, 0, None
+
+    def process(self, element, timestamp=beam.DoFn.TimestampParam, declared=None):
+        out = self._checked(element, timestamp, declared)
+        if type(out) is not tuple:
+            return (out,)
+        user, event = out
+        events = self._users.get(user)
+        if events is None:
+            self._users[user] = [event]
         else:
-            yield user, (key, value, ts)
+            events.append(event)
+        if self._earliest is None or timestamp < self._earliest:
+            self._earliest = timestamp
+        self._held += 1
+        if self._held >= MAX_BUNDLE_EVENTS:
+            return self._flush()
+        return ()
+
+    def finish_bundle(self):
+        return self._flush()
+
+    def _flush(self):
+        users, earliest = self._users, self._earliest
+        self._users, self._held, self._earliest = {}, 0, None
+        return [global_element(kv, earliest) for kv in users.items()]
 
 
 
@@ -228,10 +285,19 @@ class WithholdReleaseBatch(_UserStage):
     event-time windows (bounded input has no late data). No Beam state is
     involved: on the batch runners, loading and measuring a state cell per
     user cost more than the schedule itself.
+
+    ``gathered=True``: the grouped values are lists of a user's events
+    (:class:`PrepareMeanEventsBatch`), taken in the same order as their concatenation.
     """
+
+    def __init__(self, *args: Any, gathered: bool = False, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._gathered = gathered
 
     def process(self, element):
         user, events = element
+        if self._gathered:
+            events = itertools.chain.from_iterable(events)
         streams, pending = {}, {}
         for key, value, ts in sorted(events, key=lambda e: e[2]):
             new = key not in streams
@@ -247,7 +313,87 @@ class WithholdReleaseBatch(_UserStage):
                 merge_into(cur[1], agg)
                 continue
             if cur is not None:
-                yield (key, cur[0]), cur[1]
+                yield from self._emit(key, cur[0], cur[1])
             pending[key] = [step, agg]
         for key, (step, agg) in pending.items():
-            yield (key, step), agg
+            yield from self._emit(key, step, agg)
+
+    def _emit(self, key, step, agg):
+        """The outputs for a user's aggregate of (key, step), in the order they are made."""
+        return (((key, step), agg),)
+
+
+#: The (key, step) entries a bundle's table of partial aggregates holds before it sends on
+#: its oldest tenth: the bound of the partial combine that Beam 2.77 lifts out of a
+#: ``CombinePerKey`` (``PGBKCVOperation``) for any combine fn but its built-in counts and
+#: means. The same bound and eviction order form the same partial sums, merged in the same
+#: order, so the float sums of an aggregate are those of the ``CombinePerKey`` path.
+MAX_BUNDLE_STEPS = 100 * 1000
+
+
+@beam.typehints.with_output_types(Tuple[int, List[Tuple[StreamKey, int, Any]]])
+class WithholdReleaseTotals(WithholdReleaseBatch):
+    """:class:`WithholdReleaseBatch` for the sharded release of bounded input: its aggregates
+    merged per (key, step) over the bundle, sent on as ``(shard, [(key, step, accumulator),
+    ...])`` for the release to merge (``release_streams(..., combine_fn=MergeAggregates())``).
+
+    An element per user, key and step cost the runner a dispatch, an encoding and two
+    groupings (the combine's, then the shard's) per aggregate, most of the bounded mean's
+    time at thousands of keys. The table is the one Beam's lifted combine would keep
+    (:data:`MAX_BUNDLE_STEPS`): each (key, step) takes its users' aggregates in the order
+    :class:`WithholdReleaseBatch` emits them, and the release merges a (key, step)'s
+    partials in the order they left, as the combine's merge of its partials does; so the
+    released float sums are the same bit for bit (tests/transforms/test_mean_users.py
+    checks the partials, tests/transforms/test_shards.py the releases).
+    Each element is stamped at the earliest of its steps' last microseconds, in the
+    global window.
+    """
+
+    def __init__(self, *args: Any, shards: int, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        if isinstance(shards, bool) or not isinstance(shards, int) or shards < 1:
+            raise ValueError(f"shards must be a positive int, got {shards!r}")
+        self._shards = shards
+        self._table: Dict[Any, Any] = {}
+
+    def start_bundle(self):
+        self._table = {}
+
+    def _emit(self, key, step, agg):
+        table = self._table
+        acc = table.get((key, step))
+        if acc is not None:
+            merge_into(acc, agg)
+            return ()
+        out = ()
+        if len(table) >= MAX_BUNDLE_STEPS:
+            # Beam's eviction: the oldest entries until a tenth of the table has left.
+            n = len(table)
+            out = self._by_shard([(slot, table.pop(slot))
+                                  for slot in list(itertools.islice(table, n - n * 9 // 10))])
+        # The first aggregate of a (key, step) becomes its accumulator: the stage made it and
+        # holds it nowhere else, and its fields are what merging it into an empty one gives.
+        if type(agg.samples) is list:
+            agg.samples = PackedSamples(agg.samples)
+        table[key, step] = agg
+        return out
+
+    def finish_bundle(self):
+        table, self._table = self._table, {}
+        return self._by_shard(table.items())
+
+    def _by_shard(self, entries):
+        """``entries`` ((key, step), accumulator) as one global-window element per shard, each
+        shard's entries in their order."""
+        shards, by_shard = self._shards, {}
+        for (key, step), acc in entries:
+            shard = shard_of(key, shards)
+            got = by_shard.get(shard)
+            if got is None:
+                by_shard[shard] = [(key, step, acc)]
+            else:
+                got.append((key, step, acc))
+        micros = self._step_micros
+        return [global_element((shard, got),
+                               Timestamp(micros=(min(e[1] for e in got) + 1) * micros - 1))
+                for shard, got in by_shard.items()]

@@ -1012,3 +1012,24 @@ def test_public_noise_figures_are_the_counters_own():
                 tree.step(1.0)
                 assert _public_noise(tree, token, t, "std") == tree.noise_std(t)
                 assert _public_noise(tree, token, t, "ci") == tree.ci_halfwidth(t)
+
+
+def test_tuned_scalar_core_reads_its_last_counts_and_release_as_the_arrays_of_the_state():
+    # The d = 1 participation core keeps the step's noisy counts (a list) and release (a
+    # float) as they are and makes arrays only when read: the same arrays, the same state.
+    rng = np.random.default_rng(5)
+    _, steps = _round_robin_steps(40, 8, rng)
+    a = ContinualMeanMechanism(0, 1, 8, 5.0, max_users=50, rng=SeededNoise(3))
+    assert a.core._scalar and a.params.participation and a.core.noisy_counts is None
+    for b in steps[:6]:
+        out = a.step(b)
+        core = a.core
+        assert isinstance(core.noisy_counts, np.ndarray)
+        assert core.noisy_counts.tolist() == core._nc
+        assert core.last_est01.dtype == np.float64 and core.last_est01.shape == (1,)
+        assert core.last_est01.tolist() == [out.estimate]      # bounds [0, 1]: the same units
+        state = core.to_state()
+        again = ContinualMeanCore.from_state(a.params, state, a.lower, a.upper, rng=SeededNoise(0))
+        assert again.to_state().keys() == state.keys()
+        assert np.array_equal(again.noisy_counts, core.noisy_counts)
+        assert np.array_equal(again.last_est01, core.last_est01)

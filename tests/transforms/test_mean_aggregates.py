@@ -147,3 +147,27 @@ def test_plain_turns_core_outputs_into_json_numbers():
     assert plain(3) == 3.0 and type(plain(3)) is float
     out = plain(np.array([[0.5], [1.5]]))
     assert out == [0.5, 1.5] and all(type(v) is float for v in out)
+
+
+def test_aggregates_without_samples_hold_the_empty_tuple_and_merge_with_any_form():
+    params = _params()
+    with_samples = [a for a in _user_aggregates(params, users=2) if a.samples]
+    bare = MeanAggregate()
+    assert bare.samples == () and accumulator().samples == ()
+    for other in (with_samples[0], MeanAggregate()):
+        for a, b in ((bare, other), (other, bare)):
+            merged = a.merge(b)
+            assert _as_lists(merged.samples) == _as_lists(other.samples)
+            assert type(merged.samples) is not tuple
+    # merge_into: the first samples give an accumulator a PackedSamples of its own.
+    acc = accumulator()
+    merge_into(acc, MeanAggregate())
+    assert acc.samples == ()
+    for a in with_samples:
+        merge_into(acc, a)
+    assert isinstance(acc.samples, PackedSamples)
+    assert _as_lists(acc.samples) == [t for a in with_samples for t in _as_lists(a.samples)]
+    packed = accumulator()
+    merge_into(packed, acc)
+    assert _as_lists(packed.samples) == _as_lists(acc.samples)
+    assert _as_lists(pickle.loads(pickle.dumps(MeanAggregate())).samples) == []

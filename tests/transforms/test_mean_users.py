@@ -6,14 +6,17 @@ import random
 import numpy as np
 import pytest
 from apache_beam import pvalue
+from apache_beam.transforms.window import GlobalWindow
 from apache_beam.utils.timestamp import Timestamp
 
 from dp_beam.mechanisms.continual_mean import MeanParams, mean_config
 from dp_beam.transforms.events import CAPPED, INVALID
 from dp_beam.transforms.keys import UNITS
-from dp_beam.transforms.mean_aggregates import accumulator, merge_into
+from dp_beam.transforms import mean_users
+from dp_beam.transforms.mean_aggregates import MergeAggregates, accumulator, merge_into
 from dp_beam.transforms.mean_users import (PrepareMeanEvents, WithholdRelease,
-                                           WithholdReleaseBatch)
+                                           WithholdReleaseBatch, WithholdReleaseTotals)
+from dp_beam.transforms.stream_keys import shard_of
 
 STEP_MICROS = 10_000_000     # 10-second steps
 M = 4
@@ -24,9 +27,9 @@ def _params(preset="paper", m=M):
                                   neighbours="values", preset=preset))
 
 
-def _stage(cls, max_keys=1, selecting=False, preset="paper", m=M):
+def _stage(cls, max_keys=1, selecting=False, preset="paper", m=M, **kw):
     stage = cls(transform="m", params=_params(preset, m), lower=[0.0], upper=[4.0],
-                step_micros=STEP_MICROS, max_keys=max_keys, selecting=selecting)
+                step_micros=STEP_MICROS, max_keys=max_keys, selecting=selecting, **kw)
     stage.setup()
     return stage
 
@@ -123,6 +126,78 @@ def test_batch_stage_merges_a_users_aggregates_of_one_step():
     assert sorted((key_step, agg.events) for key_step, agg in out) == [(("A", 0), 2), (("A", 1), 1)]
 
 
+def _lifted_combine(pairs, max_keys):
+    """What Beam 2.77's lifted ``CombinePerKey(MergeAggregates())`` makes of a bundle's
+    ``((key, step), aggregate)`` outputs: each (key, step) gets the partials of a table of at
+    most ``max_keys`` entries that sends on its oldest tenth when full (``PGBKCVOperation``),
+    merged in the order they left."""
+    fn, table, partials = MergeAggregates(), {}, []
+    for slot, agg in pairs:
+        if slot not in table:
+            if len(table) >= max_keys:
+                n = len(table)
+                for old in list(table)[:n - n * 9 // 10]:
+                    partials.append((old, table.pop(old)))
+            table[slot] = fn.create_accumulator()
+        table[slot] = fn.add_input(table[slot], agg)
+    partials += list(table.items())
+    grouped = {}
+    for slot, acc in partials:
+        grouped.setdefault(slot, []).append(pickle.loads(pickle.dumps(acc)))
+    return {slot: fn.extract_output(fn.merge_accumulators(accs)) for slot, accs in grouped.items()}
+
+
+def _exact(agg):
+    """An aggregate's fields with every float as its bits."""
+    def bits(v):
+        if isinstance(v, np.ndarray):
+            return [float(x).hex() for x in v.ravel()], v.shape
+        return float(v).hex() if isinstance(v, float) else v
+    out = {name: {k: bits(v) for k, v in getattr(agg, name).items()}
+           for name in ("counts", "low", "n_low", "prefix", "proj", "a_inc")}
+    out["samples"] = [(k, i, bits(np.asarray(x, dtype=np.float64))) for k, i, x in agg.samples]
+    out["events"], out["max_count"] = agg.events, agg.max_count
+    return out
+
+
+@pytest.mark.parametrize("preset", ["tuned", "paper"])
+@pytest.mark.parametrize("max_steps", [3, mean_users.MAX_BUNDLE_STEPS])
+def test_totals_stage_sends_the_partials_of_the_lifted_combine_bit_for_bit(
+        monkeypatch, preset, max_steps):
+    # Values that are not dyadic: their float sums depend on the order of the additions.
+    rnd = random.Random(7)
+    users = [(f"u{u}", [(rnd.choice("ABC"), rnd.uniform(0, 4), rnd.randrange(0, 400) / 10)
+                        for _ in range(rnd.randrange(1, 12))]) for u in range(60)]
+    monkeypatch.setattr(mean_users, "MAX_BUNDLE_STEPS", max_steps)
+    batch = _stage(WithholdReleaseBatch, max_keys=2, selecting=True, preset=preset)
+    totals = _stage(WithholdReleaseTotals, max_keys=2, selecting=True, preset=preset, shards=2)
+    pairs, batch_tagged, sent, totals_tagged = [], [], [], []
+    totals.start_bundle()
+    for user, events in users:
+        out, tagged = _split(batch.process((user, events)))
+        pairs += out
+        batch_tagged.append(tagged)
+        out, tagged = _split(totals.process((user, events)))
+        sent += out
+        totals_tagged.append(tagged)
+    sent += totals.finish_bundle()
+    assert totals_tagged == batch_tagged
+    # As BatchShardReleaseDoFn merges a (key, step)'s partials: in the order they came.
+    fn, merged = MergeAggregates(), {}
+    for wv in sent:
+        shard, entries = wv.value
+        assert wv.windows == (GlobalWindow(),)
+        assert wv.timestamp == Timestamp(micros=(min(s for _, s, _ in entries) + 1) * STEP_MICROS - 1)
+        for key, step, acc in pickle.loads(pickle.dumps(entries)):
+            assert shard_of(key, 2) == shard
+            prev = merged.get((key, step))
+            merged[key, step] = acc if prev is None else fn.merge_accumulators([prev, acc])
+    expected = _lifted_combine(pairs, max_steps)
+    assert len(sent) > (2 if max_steps == 3 else 0) and sorted(merged) == sorted(expected)
+    assert {k: _exact(fn.extract_output(v)) for k, v in merged.items()} == {
+        k: _exact(v) for k, v in expected.items()}
+
+
 def test_a_late_event_counts_in_the_step_of_the_latest_event_time_seen():
     # A released element must never land in a step before one of its own samples.
     stage = _stage(WithholdRelease)
@@ -172,3 +247,43 @@ def test_prepare_scalar_values_keep_their_float_and_are_clamped():
     outs = [fn.process({"u": "a", "ts": 1.0, "v": v}, timestamp=Timestamp(0))
             for v in (0.25, 7.0, -2, np.float64(0.5))]
     assert [next(iter(o)).value[1][1] for o in outs] == [0.25, 1.0, 0.0, 0.5]
+
+
+@pytest.mark.parametrize("max_events", [3, mean_users.MAX_BUNDLE_EVENTS])
+def test_batch_prepare_gathers_each_users_events_in_arrival_order(monkeypatch, max_events):
+    monkeypatch.setattr(mean_users, "MAX_BUNDLE_EVENTS", max_events)
+    rnd = random.Random(3)
+    events = [{"u": f"u{rnd.randrange(4)}", "ts": rnd.randrange(0, 100) / 4, "v": rnd.uniform(-1, 2)}
+              for _ in range(25)] + [{"u": None, "ts": 1.0, "v": 0.5}]
+    single = _prepare(lower=[0.0], upper=[1.0], stamp=False)
+    gather = mean_users.PrepareMeanEventsBatch(
+        transform="m", value_fn=lambda e: e["v"], user_fn=lambda e: e["u"], key_fn=None,
+        timestamp_fn=lambda e: e["ts"], lower=[0.0], upper=[1.0])
+    gather.start_bundle()
+    one, gathered, dead = {}, [], []
+    for i, e in enumerate(events):
+        for out in single.process(e, timestamp=Timestamp(i)):
+            if not isinstance(out, pvalue.TaggedOutput):
+                one.setdefault(out[0], []).append(out[1])
+        for out in gather.process(e, timestamp=Timestamp(i)):
+            if isinstance(out, pvalue.TaggedOutput):
+                dead.append(out)
+            else:
+                gathered.append(out)
+    gathered += gather.finish_bundle()
+    assert len(dead) == 1 and dead[0].tag == INVALID
+    assert len(gathered) > (4 if max_events == 3 else 0)
+    assert all(wv.windows == (GlobalWindow(),) for wv in gathered)
+    concatenated = {}
+    for wv in gathered:
+        user, batch = wv.value
+        concatenated.setdefault(user, []).extend(batch)
+    assert concatenated == one
+    # The batch stage takes the gathered lists as their concatenation.
+    stages = [_stage(WithholdReleaseBatch, gathered=True, preset="tuned"),
+              _stage(WithholdReleaseBatch, preset="tuned")]
+    for user, batch in one.items():
+        lists = [wv.value[1] for wv in gathered if wv.value[0] == user]
+        a = _split(stages[0].process((user, lists)))
+        b = _split(stages[1].process((user, batch)))
+        assert [(k, _exact(x)) for k, x in a[0]] == [(k, _exact(x)) for k, x in b[0]]

@@ -53,7 +53,9 @@ class MeanAggregate:
         self.prefix = {}
         self.proj = {}
         self.a_inc = {}
-        self.samples = []
+        # No samples is the empty tuple, not a list per aggregate: most aggregates have none,
+        # and each list is one more object for the garbage collector to track and traverse.
+        self.samples = ()
         self.max_count = 0
 
     def merge(self, other: "MeanAggregate") -> "MeanAggregate":
@@ -65,7 +67,9 @@ class MeanAggregate:
             for key, val in b.items():
                 merged[key] = merged[key] + val if key in merged else val
             setattr(out, name, merged)
-        out.samples = self.samples + other.samples
+        a, b = self.samples, other.samples
+        # The empty tuple concatenates as a list (a list or PackedSamples stays what it is).
+        out.samples = (list(a) if type(a) is tuple else a) + (list(b) if type(b) is tuple else b)
         out.max_count = max(self.max_count, other.max_count)
         return out
 

@@ -109,21 +109,53 @@ class ContinualMeanCore:
         self._range0 = float(self.upper[0] - self.lower[0])
         self._weights = p.count_weights.tolist()
         self._weight_scalars = list(p.count_weights)
+        self._count_key = (tuple(p.count_unit), tuple(self._weight_scalars))
         # Each tree's release of the current step, as its step returned it (the same
         # value ``current()`` reads back from the nodes).
         self._released = {}
         self._nc = None                      # this step's noisy counts (list of floats)
         self._centres = {}                   # level → centre per sample, fixed by its prior
-        self._active_sets = None             # (active levels, tree keys, count groups)
-        # Per count group: its levels fed at once, and its other levels with their sizes.
+        # (active levels, tree keys, count coordinates whose levels are all active, the others)
+        self._active_sets = None
+        self._group_centres = None           # count group → centre per sample, with them
+        # Per count group: its levels fed at once, its other levels with their sizes, its
+        # samples per unit and its weight.
         self._count_plan = [(tuple(lv for lv in group if lv in p.immediate),
-                             tuple((lv, element_size(lv)) for lv in group if lv not in p.immediate))
-                            for group in p.count_groups]
+                             tuple((lv, element_size(lv)) for lv in group if lv not in p.immediate),
+                             unit, weight)
+                            for group, unit, weight in zip(p.count_groups, p.count_unit,
+                                                           self._weights)]
+        # Per level, for the d = 1 inputs: the level, whether it takes a prior, whether its
+        # samples are fed at once (looked up once per stream, not per level and step).
+        self._level_plan = tuple((lv, lv in p.prior_set, lv in p.immediate) for lv in p.levels)
         self._tokens = {j: _config_token(tree) for j, tree in self.trees.items()}
         if self.count_tree is not None:
             self._tokens["count"] = _config_token(self.count_tree)
         # Asked before every step by a release that reseeds in place; the trees are fixed.
         self._can_swap = self._trees_can_swap()
+
+    # The last step's clamped noisy counts and (tuned) release in [0, 1], as float64 arrays:
+    # kept as the step made them (a list, a float) and made arrays only when read (the
+    # median activation, the next prior, the state), not at every step of every stream.
+    @property
+    def noisy_counts(self) -> Optional[np.ndarray]:
+        if self._noisy_counts is None and self._noisy_list is not None:
+            self._noisy_counts = np.array(self._noisy_list, dtype=np.float64)
+        return self._noisy_counts
+
+    @noisy_counts.setter
+    def noisy_counts(self, value: Optional[np.ndarray]) -> None:
+        self._noisy_counts, self._noisy_list = value, None
+
+    @property
+    def last_est01(self) -> Optional[np.ndarray]:
+        if self._last_est01 is None and self._last_float is not None:
+            self._last_est01 = np.array([self._last_float], dtype=np.float64)
+        return self._last_est01
+
+    @last_est01.setter
+    def last_est01(self, value: Optional[np.ndarray]) -> None:
+        self._last_est01, self._last_float = value, None
 
     def can_swap_source(self) -> bool:
         """True when :meth:`set_noise_source` can swap every tree's source in place."""
@@ -217,9 +249,13 @@ class ContinualMeanCore:
         """Tuned preset: grid index of level ℓ's prior, or None while no public estimate's
         bound is at most γ_ℓ: the previous release or the prior query's answer, whichever
         has the smaller bound (post-processing of released outputs only)."""
-        est, bound = self.last_est01, self.last_bound
-        if self.query is not None and self.query[1] < bound:
-            est, bound = self.query[0], self.query[1]
+        bound, query = self.last_bound, self.query
+        if query is not None and query[1] < bound:
+            est, bound = query[0], query[1]
+        elif bound > self.p.gamma[level]:
+            return None                      # (without reading the release's array)
+        else:
+            est = self.last_est01
         if est is None or bound > self.p.gamma[level]:
             return None
         G = self.p.G[level]
@@ -243,7 +279,7 @@ class ContinualMeanCore:
         for lv, c in agg.a_inc.items():
             self.a[lv] += c
         self.max_count = max(self.max_count, agg.max_count)
-        if any(not self.active[lv] for lv in p.median_levels):
+        if p.median_levels and any(not self.active[lv] for lv in p.median_levels):
             for key, idx, x in agg.samples:
                 self.store.setdefault(key, []).append((idx, np.asarray(x, dtype=np.float64)))
         if self.count_tree is not None:
@@ -260,16 +296,20 @@ class ContinualMeanCore:
         p = self.p
         # Per coordinate in floats: float64 products and quotients, as on arrays.
         n_low, counts = agg.n_low, agg.counts
-        # Integer sums (exact in any order) of _new_samples over each group's levels.
-        inc = [(sum(n_low.get(lv, 0) for lv in fed) if fed and n_low else 0)
-               + (sum(size * counts.get(lv, 0) for lv, size in whole) if whole and counts else 0)
-               for fed, whole in self._count_plan]
-        inc = [n / unit for n, unit in zip(inc, p.count_unit)]
-        inc += [agg.a_inc.get(lv, 0) / element_size(lv) for lv in p.median_levels]
-        # Coordinate j carries v_j times its count (public weights); divided back here.
-        x = [a * w for a, w in zip(inc, self._weights)]
+        # Integer sums (exact in any order) of _new_samples over each group's levels, per
+        # unit; coordinate j carries v_j times its count (public weights), divided back below.
+        x = [((sum(n_low.get(lv, 0) for lv in fed) if fed and n_low else 0)
+              + (sum(size * counts.get(lv, 0) for lv, size in whole) if whole and counts else 0))
+             / unit * w for fed, whole, unit, w in self._count_plan]
+        if p.median_levels:
+            x += [agg.a_inc.get(lv, 0) / element_size(lv) * w
+                  for lv, w in zip(p.median_levels, self._weights[len(x):])]
         noisy = self.count_tree.step(x[0] if len(x) == 1 else x)
-        noisy = [noisy] if type(noisy) is float else np.ravel(noisy).tolist()
+        if type(noisy) is float:
+            noisy = [noisy]
+        else:
+            noisy = (noisy if type(noisy) is np.ndarray and noisy.ndim == 1
+                     else np.ravel(noisy)).tolist()
         nc = [v / w for v, w in zip(noisy, self._weights)]
         if p.preset == "tuned":
             # Post-processing: every count coordinate is a number of users (or of
@@ -278,7 +318,7 @@ class ContinualMeanCore:
             n = float(p.n)
             nc = [_clip(v, 0.0, n) for v in nc]
         self._nc = nc
-        self.noisy_counts = np.array(nc, dtype=np.float64)
+        self._noisy_counts, self._noisy_list = None, nc
 
     def _activate(self, agg):
         """Buffer inactive levels' elements, activate the levels whose prior is due and
@@ -307,7 +347,7 @@ class ContinualMeanCore:
                 self.prior[lv] = idx
             self.active[lv] = True
             self._centres.pop(lv, None)
-            self._active_sets = None
+            self._active_sets = self._group_centres = None
             if lv in self.buffer:
                 # The buffer holds every level-ℓ element so far, this step's included (M-3).
                 feed[lv] = self._pick(lv, self.buffer.pop(lv))
@@ -345,20 +385,21 @@ class ContinualMeanCore:
         """:meth:`_tree_inputs` with d = 1, each input a float (M-4)."""
         p = self.p
         totals = {}
-        participation, immediate = p.participation, p.immediate
-        for lv in p.levels:
+        participation = p.participation
+        low, counts, n_low = agg.low, agg.counts, agg.n_low
+        for lv, prior, immediate in self._level_plan:
             x = 0.0
-            if lv not in p.prior_set:
-                if lv in agg.low:
-                    x = _scalar(agg.low[lv])
-                n_new = agg.counts.get(lv, 0)
+            if not prior:
+                if lv in low:
+                    x = _scalar(low[lv])
+                n_new = counts.get(lv, 0)
             else:
                 if lv in feed:
                     x = _scalar(feed[lv])
                 n_new = fed_n.get(lv, 0)
             if participation:
-                if lv in immediate:
-                    x = x - 0.5 * agg.n_low.get(lv, 0)
+                if immediate:
+                    x = x - 0.5 * n_low.get(lv, 0)
                 elif n_new:
                     x = x - n_new * self._centre(lv)
             totals[lv] = x
@@ -400,11 +441,13 @@ class ContinualMeanCore:
         p = self.p
         if self._active_sets is None:
             # Changes only when a level activates.
+            whole = tuple(j for j, group in enumerate(p.count_groups)
+                          if all(self.active[lv] for lv in group))
             self._active_sets = (
                 [lv for lv in p.levels if self.active[lv]],
                 [j for j, group in enumerate(p.tree_groups) if any(self.active[lv] for lv in group)],
-                [j for j, group in enumerate(p.count_groups) if all(self.active[lv] for lv in group)])
-        active, tree_keys, _ = self._active_sets
+                whole, tuple(j for j in range(len(p.count_groups)) if j not in whole))
+        active, tree_keys = self._active_sets[:2]
         if not p.participation:
             est01, std01, ci01, den = self._estimate_values(active, tree_keys)
             diverse = self._diverse_values()
@@ -456,8 +499,12 @@ class ContinualMeanCore:
         # Per count coordinate: samples per unit and centre per sample (levels of a
         # merged coordinate are untruncated and share the centre ½).
         units = p.count_unit
-        centres = {j: self._centre(p.count_groups[j][0]) / element_size(p.count_groups[j][0])
-                   for j in groups}
+        centres = self._group_centres
+        if centres is None:
+            # Fixed while the active levels are: a level's prior is set when it activates.
+            centres = self._group_centres = {
+                j: self._centre(p.count_groups[j][0]) / element_size(p.count_groups[j][0])
+                for j in groups}
         for j in groups:
             num = num + centres[j] * units[j] * nc[j]
             den += units[j] * nc[j]
@@ -470,7 +517,7 @@ class ContinualMeanCore:
         cstd = _public_noise(self.count_tree, tokens["count"], t, "std")
         tvar = sum(_public_noise(self.trees[key], tokens[key], t, "std") ** 2 for key in tree_keys)
         # Public: a function of t and of which coordinates are in, shared by every stream.
-        eta, sd_den, floor = _count_noise(cstd, tuple(groups), tuple(units), tuple(self._weight_scalars))
+        eta, sd_den, floor = _count_noise(cstd, groups, *self._count_key)
         # Post-processing of noisy counts: the denominator is at least one sample
         # and, tuned, at least its noise's 95 % half-width (public). Below that a
         # ratio estimate divides by noise (heavy Laplace tails made single runs
@@ -491,12 +538,12 @@ class ContinualMeanCore:
         else:
             var = tvar + sum((units[j] * (centres[j] - est01) * eta[j]) ** 2 for j in groups)
             std01 = np.sqrt(var) / den
-        ci01 = gaussian_halfwidth(1.0) * std01
+        ci01 = _Z95 * std01
         # For the activation bound: the error is exactly (a − r·b)/den̂, with a, b the
         # numerator and denominator noises and r the exact mean. The std sd(r) of
         # a − r·b satisfies sd(r) <= sd(est) + |r − est|·sd(b) (triangle inequality),
         # so |error| <= z·sd(r)/den̂ implies |error| <= z·sd(est)/(den̂ − z·sd(b)).
-        z = gaussian_halfwidth(1.0, PRIOR_CONFIDENCE)
+        z = _Z_PRIOR
         slack = den_raw - z * sd_den
         if slack > 0:
             bound_std = std01 * den / slack
@@ -535,8 +582,8 @@ class ContinualMeanCore:
         values and public constants, so activation is post-processing.
         """
         if self._scalar and self.p.participation:
-            # The float estimate of _estimate_participation, stored as the array it stands for.
-            self.last_est01 = np.array([est01], dtype=np.float64)
+            # The float estimate of _estimate_participation, read as the array it stands for.
+            self._last_est01, self._last_float = None, est01
             std = float(std01)
         else:
             self.last_est01 = np.asarray(est01, dtype=np.float64).copy()
@@ -561,8 +608,14 @@ class ContinualMeanCore:
         """Participation: M_t is private, so the flag says every level whose noisy
         element count exceeds its 95 % noise half-width is active (post-processing)."""
         margin = _public_noise(self.count_tree, self._tokens["count"], self.count_tree.t, "ci")
-        nc, weights, whole = self._nc, self._weight_scalars, self._active_sets[2]
-        return all(j in whole or nc[j] <= margin / weights[j] for j in range(len(self.p.count_groups)))
+        nc, weights = self._nc, self._weight_scalars
+        return all(nc[j] <= margin / weights[j] for j in self._active_sets[3])
+
+
+#: gaussian_halfwidth(1.0) and gaussian_halfwidth(1.0, PRIOR_CONFIDENCE): the z of the 95 %
+#: interval and of the activation bound, asked at every step of every stream.
+_Z95 = gaussian_halfwidth(1.0)
+_Z_PRIOR = gaussian_halfwidth(1.0, PRIOR_CONFIDENCE)
 
 
 def _clip(x: float, low: float, high: float) -> float:
