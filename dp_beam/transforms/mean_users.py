@@ -29,8 +29,8 @@ from dp_beam.transforms.contributions import capped
 from dp_beam.transforms.events import NAMESPACE, TRANSIENT_ERRORS, ValidatingDoFn, as_real
 from dp_beam.transforms.keys import UNITS
 from dp_beam.transforms.mean_aggregates import PackedSamples, merge_into
-from dp_beam.transforms.steps import global_element
-from dp_beam.transforms.stream_keys import KV, StreamKey, shard_of
+from dp_beam.transforms.steps import by_shard, global_element
+from dp_beam.transforms.stream_keys import KV, StreamKey
 
 __all__ = ["PrepareMeanEvents", "PrepareMeanEventsBatch", "WithholdRelease", "WithholdReleaseBatch",
            "WithholdReleaseTotals"]
@@ -369,8 +369,9 @@ class WithholdReleaseTotals(WithholdReleaseBatch):
         if len(table) >= MAX_BUNDLE_STEPS:
             # Beam's eviction: the oldest entries until a tenth of the table has left.
             n = len(table)
-            out = self._by_shard([(slot, table.pop(slot))
-                                  for slot in list(itertools.islice(table, n - n * 9 // 10))])
+            out = by_shard([(slot, table.pop(slot))
+                            for slot in list(itertools.islice(table, n - n * 9 // 10))],
+                           self._shards, self._step_micros)
         # The first aggregate of a (key, step) becomes its accumulator: the stage made it and
         # holds it nowhere else, and its fields are what merging it into an empty one gives.
         if type(agg.samples) is list:
@@ -380,20 +381,5 @@ class WithholdReleaseTotals(WithholdReleaseBatch):
 
     def finish_bundle(self):
         table, self._table = self._table, {}
-        return self._by_shard(table.items())
+        return by_shard(table.items(), self._shards, self._step_micros)
 
-    def _by_shard(self, entries):
-        """``entries`` ((key, step), accumulator) as one global-window element per shard, each
-        shard's entries in their order."""
-        shards, by_shard = self._shards, {}
-        for (key, step), acc in entries:
-            shard = shard_of(key, shards)
-            got = by_shard.get(shard)
-            if got is None:
-                by_shard[shard] = [(key, step, acc)]
-            else:
-                got.append((key, step, acc))
-        micros = self._step_micros
-        return [global_element((shard, got),
-                               Timestamp(micros=(min(e[1] for e in got) + 1) * micros - 1))
-                for shard, got in by_shard.items()]

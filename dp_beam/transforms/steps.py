@@ -5,7 +5,7 @@ A step is ``timestamp.micros // step_micros``: the epoch-aligned grid of
 (bounded) paths of :func:`per_step` agree on every event's step.
 """
 
-from typing import Any, List, Optional, Sequence, Tuple
+from typing import Any, Iterable, List, Optional, Sequence, Tuple
 
 import apache_beam as beam
 from apache_beam.transforms.window import FixedWindows, GlobalWindow, GlobalWindows
@@ -15,7 +15,7 @@ from apache_beam.utils.windowed_value import WindowedValue
 from dp_beam.transforms.events import UNBOUNDED_LATENESS, PrepareEvents
 from dp_beam.transforms.stream_keys import KV, StreamKey, shard_of
 
-__all__ = ["EventStepTotals", "global_element", "in_global_window", "KeyByStep", "MAX_BUNDLE_TOTALS",
+__all__ = ["by_shard", "EventStepTotals", "global_element", "in_global_window", "KeyByStep", "MAX_BUNDLE_TOTALS",
            "PrepareStepTotals", "StepEnd", "StepOf", "StepTotals", "per_step"]
 
 
@@ -97,19 +97,25 @@ class StepTotals:
         """The gathered accumulators, one global-window element per shard; the table starts
         empty again."""
         accumulators, self._accumulators = self._accumulators, {}
-        shards = self._shards
-        by_shard = {}
-        for (key, step), acc in accumulators.items():
-            shard = shard_of(key, shards)
-            entries = by_shard.get(shard)
-            if entries is None:
-                by_shard[shard] = [(key, step, acc)]
-            else:
-                entries.append((key, step, acc))
-        micros = self._step_micros
-        return [global_element((shard, entries),
-                               Timestamp(micros=(min(e[1] for e in entries) + 1) * micros - 1))
-                for shard, entries in by_shard.items()]
+        return by_shard(accumulators.items(), self._shards, self._step_micros)
+
+
+def by_shard(entries: Iterable[Tuple[Tuple[Any, int], Any]], shards: int,
+             step_micros: int) -> List[WindowedValue]:
+    """``((key, step), accumulator)`` entries as one global-window element per shard,
+    ``(shard, [(key, step, accumulator), ...])`` with the shard's entries in their order,
+    stamped at the end of its earliest step: what a bundle sends to the batch release."""
+    shard_entries = {}
+    for (key, step), acc in entries:
+        shard = shard_of(key, shards)
+        got = shard_entries.get(shard)
+        if got is None:
+            shard_entries[shard] = [(key, step, acc)]
+        else:
+            got.append((key, step, acc))
+    return [global_element((shard, got),
+                           Timestamp(micros=(min(e[1] for e in got) + 1) * step_micros - 1))
+            for shard, got in shard_entries.items()]
 
 
 class _BundleTotals:
