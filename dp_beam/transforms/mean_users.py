@@ -45,19 +45,14 @@ class PrepareMeanEvents(ValidatingDoFn):
     functions, ``None`` users or keys, non-real or non-finite coordinates,
     values of the wrong length and event times outside Beam's range go to
     ``invalid`` with the reason.
-
-    ``stamp=False`` (bounded input) leaves the valid outputs' timestamps as they were:
-    the per-user grouping that follows places its output at the end of the global
-    window whatever they are, and everything after it reads ``ts`` from the value.
     """
 
     def __init__(self, transform: str, value_fn: Callable[[Any], Any],
                  user_fn: Callable[[Any], Any], key_fn: Optional[Callable[[Any], Any]],
                  timestamp_fn: Optional[Callable[[Any], Any]], lower: Sequence[float],
                  upper: Sequence[float], schedule: Any = None, keys: Any = None,
-                 transient_errors: Any = TRANSIENT_ERRORS, stamp: bool = True) -> None:
+                 transient_errors: Any = TRANSIENT_ERRORS) -> None:
         super().__init__(transform, key_fn, timestamp_fn, schedule, keys, transient_errors)
-        self._stamp = stamp
         self._value_fn = value_fn
         self._user_fn = user_fn
         self._lo = [float(v) for v in lower]
@@ -117,7 +112,7 @@ class PrepareMeanEvents(ValidatingDoFn):
 
     def process(self, element, timestamp=beam.DoFn.TimestampParam, declared=None):
         out = self._checked(element, timestamp, declared)
-        if self._stamp and type(out) is tuple:
+        if type(out) is tuple:
             return (beam.window.TimestampedValue(out, out[1][2]),)
         return (out,)
 
@@ -141,7 +136,7 @@ class PrepareMeanEventsBatch(PrepareMeanEvents):
     """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, stamp=False, **kwargs)
+        super().__init__(*args, **kwargs)
         self._users: Dict[Any, List[Any]] = {}
         self._held, self._earliest = 0, None
 

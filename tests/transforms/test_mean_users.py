@@ -255,7 +255,7 @@ def test_batch_prepare_gathers_each_users_events_in_arrival_order(monkeypatch, m
     rnd = random.Random(3)
     events = [{"u": f"u{rnd.randrange(4)}", "ts": rnd.randrange(0, 100) / 4, "v": rnd.uniform(-1, 2)}
               for _ in range(25)] + [{"u": None, "ts": 1.0, "v": 0.5}]
-    single = _prepare(lower=[0.0], upper=[1.0], stamp=False)
+    single = _prepare(lower=[0.0], upper=[1.0])
     gather = mean_users.PrepareMeanEventsBatch(
         transform="m", value_fn=lambda e: e["v"], user_fn=lambda e: e["u"], key_fn=None,
         timestamp_fn=lambda e: e["ts"], lower=[0.0], upper=[1.0])
@@ -264,7 +264,7 @@ def test_batch_prepare_gathers_each_users_events_in_arrival_order(monkeypatch, m
     for i, e in enumerate(events):
         for out in single.process(e, timestamp=Timestamp(i)):
             if not isinstance(out, pvalue.TaggedOutput):
-                one.setdefault(out[0], []).append(out[1])
+                one.setdefault(out.value[0], []).append(out.value[1])
         for out in gather.process(e, timestamp=Timestamp(i)):
             if isinstance(out, pvalue.TaggedOutput):
                 dead.append(out)
