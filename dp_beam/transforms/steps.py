@@ -15,8 +15,8 @@ from apache_beam.utils.windowed_value import WindowedValue
 from dp_beam.transforms.events import UNBOUNDED_LATENESS, PrepareEvents
 from dp_beam.transforms.stream_keys import KV, StreamKey, shard_of
 
-__all__ = ["by_shard", "EventStepTotals", "global_element", "in_global_window", "KeyByStep", "MAX_BUNDLE_TOTALS",
-           "PrepareStepTotals", "StepEnd", "StepOf", "StepTotals", "per_step"]
+__all__ = ["by_shard", "EventStepTotals", "global_element", "in_global_window", "KeyByStep",
+           "MAX_BUNDLE_TOTALS", "PrepareStepTotals", "StepEnd", "StepOf", "StepTotals", "per_step"]
 
 
 @beam.typehints.with_output_types(Tuple[StreamKey, Any])

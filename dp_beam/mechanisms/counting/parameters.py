@@ -297,10 +297,10 @@ class CounterParameters:
         """A new mechanism with the parameters of ``config``; ``rng`` as the constructor's."""
         if not isinstance(config, CounterConfig):
             raise ValueError(f"config must be a CounterConfig, got {type(config).__name__}")
-        # The config is valid already: set up from it as the keyword constructor does after
-        # building one, without validating the fields again (a release opens a mechanism
-        # per stream, and the checks cost as much as the rest of the set-up).
-        # Every counter's constructor builds its config and hands it to its ``_setup``.
+        # The config is valid already: every counter's keyword constructor builds one and
+        # hands it to its ``_setup``, which is called here directly, without validating the
+        # fields again (a release opens a mechanism per stream, and the checks cost as much
+        # as the rest of the set-up).
         mechanism = cls.__new__(cls)
         mechanism._setup(config, rng)
         return mechanism
