@@ -490,27 +490,25 @@ class ContinualMean(beam.PTransform):
         spec = MeanReleaseSpec(label, self._step, self._params, self._lower, self._upper,
                                self._horizon, entry)
         combine_fn = None
-        if events.is_bounded and raw_steps(self, events) and not spec.uses_log:
-            # The sharded batch release groups per shard anyway: it merges the bundles'
-            # partial aggregates per (key, step) there, instead of a combine's own grouping.
-            combine_fn = MergeAggregates()
-            per_user = (users
-                        | "PerUser" >> beam.GroupByKey()
-                        | "WithholdRelease" >> beam.ParDo(
-                            WithholdReleaseTotals(shards=self._shards, gathered=True, **stage))
-                        .with_outputs(CAPPED, UNITS, main="aggregates"))
-            aggregates = per_user.aggregates
-        elif events.is_bounded:
+        if events.is_bounded:
             # Batch: a user's events grouped and taken in event-time order; the
             # step is part of the key, so no event-time windows are needed.
+            if raw_steps(self, events) and not spec.uses_log:
+                # The sharded batch release groups per shard anyway: it merges the bundles'
+                # partial aggregates per (key, step) there, instead of a combine's own grouping.
+                combine_fn = MergeAggregates()
+                stage_fn = WithholdReleaseTotals(shards=self._shards, gathered=True, **stage)
+            else:
+                stage_fn = WithholdReleaseBatch(gathered=True, **stage)
             per_user = (users
                         | "PerUser" >> beam.GroupByKey()
-                        | "WithholdRelease" >> beam.ParDo(
-                            WithholdReleaseBatch(gathered=True, **stage))
+                        | "WithholdRelease" >> beam.ParDo(stage_fn)
                         .with_outputs(CAPPED, UNITS, main="aggregates"))
-            aggregates = (per_user.aggregates
-                          | "PerStep" >> beam.CombinePerKey(MergeAggregates())
-                          | "StepIndex" >> beam.ParDo(StepEnd(self._step_micros)))
+            aggregates = per_user.aggregates
+            if combine_fn is None:
+                aggregates = (aggregates
+                              | "PerStep" >> beam.CombinePerKey(MergeAggregates())
+                              | "StepIndex" >> beam.ParDo(StepEnd(self._step_micros)))
         else:
             per_user = users | "WithholdRelease" >> beam.ParDo(
                 WithholdRelease(**stage)).with_outputs(CAPPED, UNITS, main="aggregates")

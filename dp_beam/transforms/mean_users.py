@@ -29,7 +29,7 @@ from dp_beam.transforms.contributions import capped
 from dp_beam.transforms.events import NAMESPACE, TRANSIENT_ERRORS, ValidatingDoFn, as_real
 from dp_beam.transforms.keys import UNITS
 from dp_beam.transforms.mean_aggregates import PackedSamples, merge_into
-from dp_beam.transforms.steps import by_shard, global_element
+from dp_beam.transforms.steps import by_shard, global_element, shard_count
 from dp_beam.transforms.stream_keys import KV, StreamKey
 
 __all__ = ["PrepareMeanEvents", "PrepareMeanEventsBatch", "WithholdRelease", "WithholdReleaseBatch",
@@ -346,9 +346,7 @@ class WithholdReleaseTotals(WithholdReleaseBatch):
 
     def __init__(self, *args: Any, shards: int, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        if isinstance(shards, bool) or not isinstance(shards, int) or shards < 1:
-            raise ValueError(f"shards must be a positive int, got {shards!r}")
-        self._shards = shards
+        self._shards = shard_count(shards)
         self._table: Dict[Any, Any] = {}
 
     def start_bundle(self):

@@ -16,7 +16,8 @@ from dp_beam.transforms.events import UNBOUNDED_LATENESS, PrepareEvents
 from dp_beam.transforms.stream_keys import KV, StreamKey, shard_of
 
 __all__ = ["by_shard", "EventStepTotals", "global_element", "in_global_window", "KeyByStep",
-           "MAX_BUNDLE_TOTALS", "PrepareStepTotals", "StepEnd", "StepOf", "StepTotals", "per_step"]
+           "MAX_BUNDLE_TOTALS", "PrepareStepTotals", "shard_count", "StepEnd", "StepOf", "StepTotals",
+           "per_step"]
 
 
 @beam.typehints.with_output_types(Tuple[StreamKey, Any])
@@ -73,11 +74,9 @@ class StepTotals:
     """
 
     def __init__(self, combine_fn: beam.CombineFn, step_micros: int, shards: int) -> None:
-        if isinstance(shards, bool) or not isinstance(shards, int) or shards < 1:
-            raise ValueError(f"shards must be a positive int, got {shards!r}")
         self._fn = combine_fn
         self._step_micros = step_micros
-        self._shards = shards
+        self._shards = shard_count(shards)
         self._accumulators = {}
 
     def add(self, key: Any, micros: int, value: Any) -> Sequence[WindowedValue]:
@@ -98,6 +97,13 @@ class StepTotals:
         empty again."""
         accumulators, self._accumulators = self._accumulators, {}
         return by_shard(accumulators.items(), self._shards, self._step_micros)
+
+
+def shard_count(shards: Any) -> int:
+    """``shards`` checked as the number of shards :func:`by_shard` routes to."""
+    if isinstance(shards, bool) or not isinstance(shards, int) or shards < 1:
+        raise ValueError(f"shards must be a positive int, got {shards!r}")
+    return shards
 
 
 def by_shard(entries: Iterable[Tuple[Tuple[Any, int], Any]], shards: int,
