@@ -28,7 +28,7 @@ from dp_beam.mechanisms.continual_mean import MeanParams, UserState, contributio
 from dp_beam.transforms.contributions import capped
 from dp_beam.transforms.events import NAMESPACE, TRANSIENT_ERRORS, ValidatingDoFn, as_real
 from dp_beam.transforms.keys import UNITS
-from dp_beam.transforms.mean_aggregates import PackedSamples, merge_into
+from dp_beam.transforms.mean_aggregates import PackedSamples, compacted, merge_into
 from dp_beam.transforms.steps import by_shard, global_element, shard_count
 from dp_beam.transforms.stream_keys import KV, StreamKey
 
@@ -339,7 +339,8 @@ class WithholdReleaseTotals(WithholdReleaseBatch):
     :class:`WithholdReleaseBatch` emits them, and the release merges a (key, step)'s
     partials in the order they left, as the combine's merge of its partials does; so the
     released float sums are the same bit for bit (tests/transforms/test_mean_users.py
-    checks the partials, tests/transforms/test_shards.py the releases).
+    checks the partials, tests/transforms/test_shards.py the releases). The partials
+    leave compacted, as the lifted combine's do (:meth:`.MergeAggregates.compact`).
     Each element is stamped at the earliest of its steps' last microseconds, in the
     global window.
     """
@@ -364,7 +365,7 @@ class WithholdReleaseTotals(WithholdReleaseBatch):
             n = len(table)
             out = by_shard([(slot, table.pop(slot))
                             for slot in list(itertools.islice(table, n - n * 9 // 10))],
-                           self._shards, self._step_micros)
+                           self._shards, self._step_micros, compacted)
         # The first aggregate of a (key, step) becomes its accumulator: the stage made it and
         # holds it nowhere else, and its fields are what merging it into an empty one gives.
         if type(agg.samples) is list:
@@ -374,5 +375,5 @@ class WithholdReleaseTotals(WithholdReleaseBatch):
 
     def finish_bundle(self):
         table, self._table = self._table, {}
-        return by_shard(table.items(), self._shards, self._step_micros)
+        return by_shard(table.items(), self._shards, self._step_micros, compacted)
 

@@ -5,7 +5,7 @@ A step is ``timestamp.micros // step_micros``: the epoch-aligned grid of
 (bounded) paths of :func:`per_step` agree on every event's step.
 """
 
-from typing import Any, Iterable, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Iterable, List, Optional, Sequence, Tuple
 
 import apache_beam as beam
 from apache_beam.transforms.window import FixedWindows, GlobalWindow, GlobalWindows
@@ -75,6 +75,9 @@ class StepTotals:
 
     def __init__(self, combine_fn: beam.CombineFn, step_micros: int, shards: int) -> None:
         self._fn = combine_fn
+        # As Beam's lifted combine: the combine's own compact, if it has one.
+        self._compact = (None if type(combine_fn).compact is beam.CombineFn.compact
+                         else combine_fn.compact)
         self._step_micros = step_micros
         self._shards = shard_count(shards)
         self._accumulators = {}
@@ -96,7 +99,7 @@ class StepTotals:
         """The gathered accumulators, one global-window element per shard; the table starts
         empty again."""
         accumulators, self._accumulators = self._accumulators, {}
-        return by_shard(accumulators.items(), self._shards, self._step_micros)
+        return by_shard(accumulators.items(), self._shards, self._step_micros, self._compact)
 
 
 def shard_count(shards: Any) -> int:
@@ -107,12 +110,16 @@ def shard_count(shards: Any) -> int:
 
 
 def by_shard(entries: Iterable[Tuple[Tuple[Any, int], Any]], shards: int,
-             step_micros: int) -> List[WindowedValue]:
+             step_micros: int, compact: Optional[Callable[[Any], Any]] = None
+             ) -> List[WindowedValue]:
     """``((key, step), accumulator)`` entries as one global-window element per shard,
     ``(shard, [(key, step, accumulator), ...])`` with the shard's entries in their order,
-    stamped at the end of its earliest step: what a bundle sends to the batch release."""
+    stamped at the end of its earliest step: what a bundle sends to the batch release.
+    ``compact``: applied to each accumulator first (the combine's ``compact``)."""
     shard_entries = {}
     for (key, step), acc in entries:
+        if compact is not None:
+            acc = compact(acc)
         shard = shard_of(key, shards)
         got = shard_entries.get(shard)
         if got is None:

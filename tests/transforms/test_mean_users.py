@@ -130,17 +130,17 @@ def _lifted_combine(pairs, max_keys):
     """What Beam 2.77's lifted ``CombinePerKey(MergeAggregates())`` makes of a bundle's
     ``((key, step), aggregate)`` outputs: each (key, step) gets the partials of a table of at
     most ``max_keys`` entries that sends on its oldest tenth when full (``PGBKCVOperation``),
-    merged in the order they left."""
+    each compacted, merged in the order they left."""
     fn, table, partials = MergeAggregates(), {}, []
     for slot, agg in pairs:
         if slot not in table:
             if len(table) >= max_keys:
                 n = len(table)
                 for old in list(table)[:n - n * 9 // 10]:
-                    partials.append((old, table.pop(old)))
+                    partials.append((old, fn.compact(table.pop(old))))
             table[slot] = fn.create_accumulator()
         table[slot] = fn.add_input(table[slot], agg)
-    partials += list(table.items())
+    partials += [(slot, fn.compact(acc)) for slot, acc in table.items()]
     grouped = {}
     for slot, acc in partials:
         grouped.setdefault(slot, []).append(pickle.loads(pickle.dumps(acc)))

@@ -73,9 +73,20 @@ class MeanAggregate:
         out.max_count = max(self.max_count, other.max_count)
         return out
 
+    def fields(self) -> tuple:
+        """The fields in ``__slots__`` order, as a tuple: :meth:`from_fields` rebuilds the
+        aggregate from it. With d = 1 and no medians it holds only ints, floats, dicts of
+        them and the empty tuple, which a runner's coder writes without pickling."""
+        return (self.events, self.counts, self.low, self.n_low, self.prefix, self.proj,
+                self.a_inc, self.samples, self.max_count)
+
+    @staticmethod
+    def from_fields(fields: tuple) -> "MeanAggregate":
+        """The aggregate of :meth:`fields` (its dicts and arrays taken over, not copied)."""
+        return _rebuild_aggregate(fields)
+
     def __reduce__(self):
-        return (_rebuild_aggregate, ((self.events, self.counts, self.low, self.n_low, self.prefix,
-                                      self.proj, self.a_inc, self.samples, self.max_count),))
+        return (_rebuild_aggregate, (self.fields(),))
 
 
 def _rebuild_aggregate(fields):
