@@ -1,15 +1,20 @@
 """Replay stability of BLT: the releases under fixed keyed noise are pinned bit for bit.
 
 The fingerprints are SHA-256 digests of the exact bits (``float.hex``) of the
-released floats, recorded from the implementation before its integer
-arithmetic was restructured (issue 18). They pin *replay stability* (the same
-noise draws with the same identities give the same releases across versions,
-which retried bundles and restored states rely on), not a statistical
-property: a failure means a change altered the released bits, and it must be
-deliberate (then record the new digests and say why).
+released floats. They pin *replay stability* (the same noise draws with the
+same identities give the same releases across versions and machines, which
+retried bundles, restored states and other workers rely on), not a
+statistical property: a failure means a change altered the released bits,
+and it must be deliberate (then record the new digests and say why). They
+were recorded again when the float recurrence stopped using BLAS, whose
+kernel (chosen by CPU) had changed the releases from machine to machine;
+:func:`test_releases_do_not_depend_on_the_cpu_kernels` checks that.
 """
 
 import hashlib
+import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -40,12 +45,12 @@ def _replay(dim, horizon, rng, steps):
 
 
 @pytest.mark.parametrize("dim, horizon, rng, steps, digest", [
-    (1, 1024, ("blt", 1), 50, "837214fc7bf220c457ec73a829da9388f07df598417546675c52e83aebe2815b"),
-    (7, 1024, ("blt", 7), 50, "20527085539dd2138addd050c19d8c4faf8a47b3eae06b69b828d6818f1d264a"),
+    (1, 1024, ("blt", 1), 50, "356a6fc31cefd5d8e4a4a26375f36c8bf3a237d0c0fa9d73ca368dc7a243d985"),
+    (7, 1024, ("blt", 7), 50, "2ed69fc7b1e378bd8cd5b13f06d743e24078c8ca250f914cbb0e0b83a0ccdc75"),
     # Unbounded: epochs of 1, 2, 4, … steps, each with its own plan.
-    (3, None, ("blt", 3), 70, "fe6a997f8849155f6899d0453234dfecbdfcc28f4062b3b4c7672137437b67aa"),
+    (3, None, ("blt", 3), 70, "7e299a02bcad061f8be4d9634a2dc40f33632d7d6ab527c03fc9b80fc61df452"),
     # A test seed (float noise rounded to the integer grid).
-    (5, 4096, 11, 50, "521b7842ac6058266f46c012c05e2151a62d9cebcd72270f53d18235271d1c44"),
+    (5, 4096, 11, 50, "0e82e9d6cfec5a0aed529f571025a6a0d087a43bfa86f34315c42213a9689985"),
 ])
 @pytest.mark.parametrize("packed", [True, False])
 def test_releases_are_pinned_bit_for_bit(dim, horizon, rng, steps, digest, packed, monkeypatch):
@@ -55,6 +60,33 @@ def test_releases_are_pinned_bit_for_bit(dim, horizon, rng, steps, digest, packe
         monkeypatch.setattr(blt, "_packable", lambda plan: False)
     source = KeyedNoise(KEY, rng) if isinstance(rng, tuple) else rng
     assert _replay(dim, horizon, source, steps) == digest
+
+
+_KERNEL_SCRIPT = """
+import sys
+sys.path.insert(0, {tests!r})
+import test_blt_replay as t
+from dp_beam.mechanisms.noise_key import KeyedNoise
+print([t._replay(7, 1024, KeyedNoise(t.KEY, ("blt", 7)), 50), t._replay(1, None, 11, 40)])
+"""
+
+
+@pytest.mark.slow
+def test_releases_do_not_depend_on_the_cpu_kernels():
+    # OpenBLAS picks a kernel per CPU (OPENBLAS_CORETYPE forces one this CPU can run),
+    # NumPy its SIMD loops (NPY_DISABLE_CPU_FEATURES turns the dispatched ones off):
+    # another worker's CPU must give the same bits. Before the recurrence left BLAS,
+    # the Haswell and Sandy Bridge kernels gave different releases here.
+    script = _KERNEL_SCRIPT.format(tests=os.path.dirname(os.path.abspath(__file__)))
+    from numpy._core._multiarray_umath import __cpu_dispatch__, __cpu_features__
+    dispatched = " ".join(f for f in __cpu_dispatch__ if __cpu_features__.get(f))
+    outputs = set()
+    for env in ({}, {"OPENBLAS_CORETYPE": "Nehalem"}, {"OPENBLAS_CORETYPE": "Sandybridge"},
+                {"OPENBLAS_CORETYPE": "Haswell", "NPY_DISABLE_CPU_FEATURES": dispatched}):
+        run = subprocess.run([sys.executable, "-c", script], env={**os.environ, **env},
+                             capture_output=True, text=True, check=True)
+        outputs.add(run.stdout)
+    assert len(outputs) == 1
 
 
 # -- the exact integer arithmetic against plain references ------------------------------
