@@ -27,7 +27,11 @@ on one runner in one invocation, the cases interleaved and the median of
   and, after every block of 8, the L2-regularised logistic model of all
   points so far, fitted by SciPy's L-BFGS-B from the previous model (what
   the ERM cases cost without privacy; the issue's measure is still the
-  filled count).
+  filled count);
+* ``plain-mean``: a non-private pipeline publishing the same user-level table as
+  ``mean``: each user's events grouped and cut to its first ``max_samples_per_user``
+  in time order, then per key, after a second GroupByKey, the running mean of the
+  kept samples at every hour (empty ones too).
 
 Every case reads the same in-memory events through a ``Create`` with a
 declared element type (Beam would otherwise infer the type of every element,
@@ -36,8 +40,8 @@ pipeline. Rates are outputs per second of wall time and of CPU time (the
 in-process runner's threads all count to this process, so CPU time is the
 steadier measure on a shared machine). ``cpu ratio`` is ``sharded / filled``
 in CPU rates: the issue's target is >= 0.5 from 1,000 keys on. A second line gives
-every private case's rates over the filled count's, and one per ERM case with
-its non-private refit in the run, the same ratio over that refit.
+every private case's rates over the filled count's, and one per ERM or mean case
+with its non-private counterpart in the run (``plain-…``), the same ratio over that.
 
 ``--workers N`` (N > 1) also runs the sharded count with the in-process
 runner's ``multi_processing`` mode on N worker processes and on one, checks
@@ -51,7 +55,7 @@ build the sharded count's pipeline for N declared keys and translate it to
 the runner API, against the non-private pipeline's.
 
     python benchmarks/scale.py [--keys 10,100,1000] [--steps 72] [--repeats 3]
-        [--cases per-key,sharded,sharded-blt,sum,mean,erm-d10,erm-d100,plain-erm-d10,plain-erm-d100,filled]
+        [--cases per-key,sharded,sharded-blt,sum,mean,erm-d10,erm-d100,plain-erm-d10,plain-erm-d100,plain-mean,filled]
         [--workers 2]
         [--rss-keys 100000] [--state-keys 100000] [--build-keys 100000]
 """
@@ -78,7 +82,7 @@ import dp_beam as dpb  # noqa: E402
 from dp_beam.mechanisms import BinaryTreeMechanism  # noqa: E402
 
 HOUR = 3600.0
-CASES = ("per-key", "sharded", "sharded-blt", "sum", "mean", "erm-d10", "erm-d100",
+CASES = ("per-key", "sharded", "sharded-blt", "sum", "mean", "plain-mean", "erm-d10", "erm-d100",
          "plain-erm-d10", "plain-erm-d100", "filled")
 ERM_BLOCK, ERM_LAMBDA = 8, 0.1
 #: Fixed only so that the multi-process check can compare two runs' values.
@@ -115,6 +119,39 @@ class _Filled(beam.DoFn):
             counts[int(t // HOUR)] += 1
         for step, count in enumerate(counts):
             yield key, step, count
+
+
+def _user_of(e):
+    """The mean cases' user: the event's key and its minute in the hour (two per key)."""
+    return e[0], int(e[1] % HOUR) // 60
+
+
+def _capped(element, max_samples):
+    """A user's first ``max_samples`` events in time order, as ``(key, (time, value))``."""
+    (key, _), events = element
+    for e in sorted(events, key=lambda e: e[1])[:max_samples]:
+        yield key, (e[1], e[2])
+
+
+class _PlainMean(beam.DoFn):
+    """Non-private: a key's running mean of its users' kept samples, every hour of the
+    schedule (empty ones too; None before the first sample)."""
+
+    def __init__(self, steps):
+        self._steps = steps
+
+    def process(self, element):
+        key, samples = element
+        sums, counts = [0.0] * self._steps, [0] * self._steps
+        for t, value in samples:
+            step = int(t // HOUR)
+            sums[step] += value
+            counts[step] += 1
+        total, n = 0.0, 0
+        for step in range(self._steps):
+            total += sums[step]
+            n += counts[step]
+            yield key, step, total / n if n else None
 
 
 class _Features:
@@ -167,7 +204,7 @@ def private_transform(case, keys, steps):
     if case == "sum":
         return dpb.ContinualSum(value_fn=lambda e: e[2], lower=0.0, upper=4.0, **common)
     if case == "mean":
-        return dpb.ContinualMean(user_fn=lambda e: (e[0], int(e[1] % HOUR) // 60),
+        return dpb.ContinualMean(user_fn=_user_of,
                                  value_fn=lambda e: e[2], lower=0.0, upper=4.0,
                                  max_samples_per_user=steps, max_users=2 * keys, **common)
     if case.startswith("erm-d"):
@@ -186,6 +223,11 @@ def run_once(case, keys, steps, events, flags=(), sink=None):
     if case == "filled":
         _ = (stamped | beam.Map(lambda e: (e[0], e[1])) | beam.GroupByKey()
              | beam.ParDo(_Filled(steps)))
+    elif case == "plain-mean":
+        # max_samples_per_user = steps, as the private case's cap.
+        _ = (stamped | beam.Map(lambda e: (_user_of(e), e)) | "PerUser" >> beam.GroupByKey()
+             | beam.FlatMap(_capped, steps) | "PerKey" >> beam.GroupByKey()
+             | beam.ParDo(_PlainMean(steps)))
     elif case.startswith("plain-erm-d"):
         _ = (stamped | beam.Map(lambda e: (e[0], e)) | beam.GroupByKey()
              | beam.ParDo(_PlainERM(int(case[len("plain-erm-d"):]))))
@@ -309,9 +351,9 @@ def main(argv=None):
             f"{c} {rate[c] / rate['filled']:.2f} ({crate[c] / crate['filled']:.2f})"
             for c in cases if c != "filled" and not c.startswith("plain-")), flush=True)
         for c in cases:
-            if c.startswith("plain-") and "erm-" + c[len("plain-erm-"):] in cases:
-                # The ERM case against the non-private pipeline publishing the same models.
-                private = "erm-" + c[len("plain-erm-"):]
+            if c.startswith("plain-") and c[len("plain-"):] in cases:
+                # A private case against the non-private pipeline publishing the same values.
+                private = c[len("plain-"):]
                 print(f"{keys:>6} | {private} / {c}: {rate[private] / rate[c]:.2f} "
                       f"({crate[private] / crate[c]:.2f})", flush=True)
     if args.workers > 1:
