@@ -294,6 +294,8 @@ _pack_double = struct.Struct(">d").pack
 def _tagged_doubles(n):
     """The packer of n floats, each behind the tag ``F`` (big-endian, no padding)."""
     return struct.Struct(">" + "cd" * n).pack
+
+
 #: The float types a float label is packed as it is (np.float64 is a float subclass).
 _DOUBLES = frozenset({float, np.float64})
 

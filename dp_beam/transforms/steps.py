@@ -75,9 +75,6 @@ class StepTotals:
 
     def __init__(self, combine_fn: beam.CombineFn, step_micros: int, shards: int) -> None:
         self._fn = combine_fn
-        # As Beam's lifted combine: the combine's own compact, if it has one.
-        self._compact = (None if type(combine_fn).compact is beam.CombineFn.compact
-                         else combine_fn.compact)
         self._step_micros = step_micros
         self._shards = shard_count(shards)
         self._accumulators = {}
@@ -99,7 +96,7 @@ class StepTotals:
         """The gathered accumulators, one global-window element per shard; the table starts
         empty again."""
         accumulators, self._accumulators = self._accumulators, {}
-        return by_shard(accumulators.items(), self._shards, self._step_micros, self._compact)
+        return by_shard(accumulators.items(), self._shards, self._step_micros)
 
 
 def shard_count(shards: Any) -> int:
