@@ -165,8 +165,8 @@ class MergeAggregates(beam.CombineFn):
     :class:`~dp_beam.transforms.mean_users.WithholdReleaseTotals` before the
     shard's grouping): plain dicts and numbers that the runner's coder writes
     itself, where an aggregate object is pickled. Encoding and decoding a step's
-    partial took a quarter of the time that way (2.3 µs against 10.5 µs for
-    the aggregates of ``benchmarks/scale.py --cases mean``). :meth:`merge_accumulators`
+    partial took a quarter of the time that way (2.3 µs against 10.5 µs, timed on
+    aggregates recorded from a ``benchmarks/scale.py`` mean run). :meth:`merge_accumulators`
     and :meth:`extract_output` take either form; the sums are the same.
 
     >>> fn = MergeAggregates()

@@ -198,11 +198,11 @@ def test_totals_stage_sends_the_partials_of_the_lifted_combine_bit_for_bit(
         k: _exact(v) for k, v in expected.items()}
 
 
-
 @pytest.mark.parametrize("bad", [0, -1, 1.5, True, None])
 def test_totals_stage_rejects_a_shard_count_that_is_not_a_positive_int(bad):
     with pytest.raises(ValueError, match="shards must be a positive int"):
         _stage(WithholdReleaseTotals, shards=bad)
+
 
 def test_a_late_event_counts_in_the_step_of_the_latest_event_time_seen():
     # A released element must never land in a step before one of its own samples.
