@@ -154,7 +154,12 @@ class SqrtToeplitzMechanism(FactorisationMechanism):
         if count == 0:
             return np.zeros(self._dim)
         weights = plan.reversed[plan.horizon - count:]
-        return weights @ core["noised"][:count]
+        # Each product rounded once (elementwise, the same on every CPU), then the correctly
+        # rounded sum of those products (math.fsum, independent of order): a BLAS product
+        # sums in an order (and with fused multiply-adds) that its kernel picks by CPU,
+        # and OpenBLAS's Nehalem, Sandy Bridge and Haswell kernels released different bits.
+        products = weights[:, None] * core["noised"][:count]
+        return np.array([math.fsum(column) for column in products.T.tolist()])
 
     @staticmethod
     def _core_floats(core):

@@ -12,15 +12,14 @@ kernel (chosen by CPU) had changed the releases from machine to machine;
 """
 
 import hashlib
-import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 
 from dp_beam.mechanisms import BLTMechanism
 from dp_beam.mechanisms.noise_key import KeyedNoise, NoiseKey
+
+from .cpu_kernels import outputs_under_kernels
 
 KEY = NoiseKey.from_bytes(bytes(range(32)))
 
@@ -62,10 +61,8 @@ def test_releases_are_pinned_bit_for_bit(dim, horizon, rng, steps, digest, packe
     assert _replay(dim, horizon, source, steps) == digest
 
 
-_KERNEL_SCRIPT = """
-import sys
-sys.path.insert(0, {tests!r})
-import test_blt_replay as t
+_KERNEL_SNIPPET = """
+from tests.mechanisms.counting import test_blt_replay as t
 from dp_beam.mechanisms.noise_key import KeyedNoise
 print([t._replay(7, 1024, KeyedNoise(t.KEY, ("blt", 7)), 50), t._replay(1, None, 11, 40)])
 """
@@ -73,20 +70,9 @@ print([t._replay(7, 1024, KeyedNoise(t.KEY, ("blt", 7)), 50), t._replay(1, None,
 
 @pytest.mark.slow
 def test_releases_do_not_depend_on_the_cpu_kernels():
-    # OpenBLAS picks a kernel per CPU (OPENBLAS_CORETYPE forces one this CPU can run),
-    # NumPy its SIMD loops (NPY_DISABLE_CPU_FEATURES turns the dispatched ones off):
-    # another worker's CPU must give the same bits. Before the recurrence left BLAS,
+    # Another worker's CPU must give the same bits. Before the recurrence left BLAS,
     # the Haswell and Sandy Bridge kernels gave different releases here.
-    script = _KERNEL_SCRIPT.format(tests=os.path.dirname(os.path.abspath(__file__)))
-    from numpy._core._multiarray_umath import __cpu_dispatch__, __cpu_features__
-    dispatched = " ".join(f for f in __cpu_dispatch__ if __cpu_features__.get(f))
-    outputs = set()
-    for env in ({}, {"OPENBLAS_CORETYPE": "Nehalem"}, {"OPENBLAS_CORETYPE": "Sandybridge"},
-                {"OPENBLAS_CORETYPE": "Haswell", "NPY_DISABLE_CPU_FEATURES": dispatched}):
-        run = subprocess.run([sys.executable, "-c", script], env={**os.environ, **env},
-                             capture_output=True, text=True, check=True)
-        outputs.add(run.stdout)
-    assert len(outputs) == 1
+    assert len(outputs_under_kernels(_KERNEL_SNIPPET)) == 1
 
 
 # -- the exact integer arithmetic against plain references ------------------------------
