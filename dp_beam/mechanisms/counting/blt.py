@@ -318,6 +318,7 @@ class _Plan:
         self.omega_num, self.omega_bits = dyadic(self.omega)
         #: ω as Python floats, the weights of :func:`_weighted_rows`.
         self.omega_list = self.omega.tolist()
+        self.theta_list = self.theta.tolist()
         decaying = self.theta < 1.0
         self.err_units = 0.5 + float(np.sum(np.abs(self.omega[decaying]) / (2.0 * (1.0 - self.theta[decaying]))))
 
@@ -346,6 +347,15 @@ def _weighted_rows(weights, rows):
     for j in range(1, len(weights)):
         acc = acc + weights[j] * rows[j]
     return acc
+
+
+def _sync_floats(core):
+    """Write a scalar core's floats, kept in a list by :meth:`BLTMechanism._scalar_core_step`,
+    back to its arrays (the buffers, then the running release), for the array paths."""
+    floats = core.pop("floats", None)
+    if floats is not None:
+        core["buffers"][:, 0] = floats[:-1]
+        core["total"][0] = floats[-1]
 
 
 @functools.lru_cache(maxsize=64)
@@ -555,6 +565,7 @@ class BLTMechanism(FactorisationMechanism):
         exponent = self._exact_exponent(plan)
         units = to_units(x, exponent)
         noise = self._integer_noise(scale, exponent)
+        _sync_floats(core)
         if "right" in core:
             noised = self._list_step(plan, core["right"], units, noise)
         else:
@@ -593,10 +604,8 @@ class BLTMechanism(FactorisationMechanism):
         plan = self._plan_of(length)
         if horizon is None and t == start:
             self._core = self._core_new(plan)
-        core = self._core
-        self._scalar_core_step(plan, core, x, self._scale(length))
+        total = self._scalar_core_step(plan, self._core, x, self._scale(length))
         self._t = t
-        total = float(core["total"][0])
         if horizon is not None:
             return total
         # As step's roots + release: one float addition.
@@ -612,13 +621,18 @@ class BLTMechanism(FactorisationMechanism):
         unit = to_unit(x, exponent)
         noise = self._source.integer_noise(self._noise, scale, exponent, 1)[0]
         y = from_unit(self._scalar_right_step(plan, core, unit, noise), exponent)
-        buffers = core["buffers"]
-        # The array path's _weighted_rows on Python floats: the same IEEE products and sums
-        # in the same order (test_blt_scalar.py checks the bits against the array path).
-        u = y - _weighted_rows(plan.omega_list, buffers[:, 0].tolist())
-        buffers *= plan.theta_column
-        buffers += u
-        core["total"][0] += u  # the same addition as `total += u`, without a ufunc call
+        floats = core.get("floats")
+        if floats is None:
+            floats = core["floats"] = core["buffers"][:, 0].tolist() + core["total"].tolist()
+        # The array path's operations on Python floats: the same IEEE products and sums in
+        # the same order (test_blt_scalar.py checks the bits against the array path), kept
+        # in a list until an array path needs them (_sync_floats): a ufunc call on a few
+        # numbers costs more than the arithmetic.
+        u = y - _weighted_rows(plan.omega_list, floats)
+        total = floats.pop() + u
+        floats[:] = [b * th + u for b, th in zip(floats, plan.theta_list)]
+        floats.append(total)
+        return total
 
     @staticmethod
     def _scalar_right_step(plan, core, unit, noise):
@@ -640,6 +654,7 @@ class BLTMechanism(FactorisationMechanism):
         return noised
 
     def _core_release(self, plan, core):
+        _sync_floats(core)
         return core["total"]
 
     @staticmethod
@@ -649,6 +664,7 @@ class BLTMechanism(FactorisationMechanism):
 
     @classmethod
     def _core_to_state(cls, core):
+        _sync_floats(core)
         return BLTCoreState(right=[list(buf) for buf in cls._right(core)], buffers=core["buffers"],
                             total=core["total"]).to_state()
 
