@@ -364,9 +364,9 @@ def _plan_cached(horizon, theta, omega):
 
 
 @functools.lru_cache(maxsize=64)
-def _epoch_plan(length):
-    """The plan of an epoch of ``length`` steps of an unbounded stream: one look-up per step
-    instead of three (the tuples of θ and ω would be hashed again at every step)."""
+def _horizon_plan(length):
+    """The plan of a horizon (or an unbounded stream's epoch) of ``length`` steps: one look-up
+    per step instead of three (the tuples of θ and ω would be hashed again at every step)."""
     theta, omega = blt_parameters(_table_horizon(length))
     return _plan_cached(length, theta, omega)
 
@@ -492,13 +492,11 @@ class BLTMechanism(FactorisationMechanism):
 
     @staticmethod
     def _plan(horizon):
-        theta, omega = blt_parameters(horizon)
-        return _plan_cached(horizon, theta, omega)
+        # blt_parameters(h) is the entry of _table_horizon(h), tabulated or not.
+        return _horizon_plan(horizon)
 
     def _plan_of(self, horizon):
-        if self._horizon is not None:
-            return self._plan(horizon)
-        return _epoch_plan(horizon)
+        return _horizon_plan(horizon)
 
     @staticmethod
     def _var_factor(plan, t):
