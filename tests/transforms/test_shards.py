@@ -57,7 +57,15 @@ def _sum(keys, steps):
         shards=shards)
 
 
-@pytest.mark.parametrize("make", [_count, _sum], ids=["count", "sum"])
+def _gaussian_count(keys, steps):
+    # Gaussian noise: BLT, whose scalar streams step on Python numbers between states.
+    return lambda shards: dpb.ContinualCount(
+        epsilon=1.0, step=HOUR, start=0, end=steps * HOUR, key_fn=lambda e: e[0],
+        keys=[f"k{k}" for k in range(keys)], noise="gaussian", delta=1e-6, noise_key=KEY,
+        shards=shards)
+
+
+@pytest.mark.parametrize("make", [_count, _sum, _gaussian_count], ids=["count", "sum", "blt"])
 def test_batch_sharded_release_equals_per_key_release(make):
     keys, steps = 12, 9
     per_key = _run_batch(make(keys, steps), keys, steps, 0)
