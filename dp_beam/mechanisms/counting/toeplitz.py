@@ -154,12 +154,13 @@ class SqrtToeplitzMechanism(FactorisationMechanism):
         if count == 0:
             return np.zeros(self._dim)
         weights = plan.reversed[plan.horizon - count:]
-        # Each product rounded once (elementwise, the same on every CPU), then the correctly
-        # rounded sum of those products (math.fsum, independent of order): a BLAS product
-        # sums in an order (and with fused multiply-adds) that its kernel picks by CPU,
-        # and OpenBLAS's Nehalem, Sandy Bridge and Haswell kernels released different bits.
+        # Elementwise products, then their running sum from the oldest step on (an
+        # accumulation is sequential: each sum rounded once, in that order), so the same
+        # bits on every CPU. A BLAS product sums in an order, and with fused multiply-adds,
+        # that its kernel picks by CPU: OpenBLAS's Nehalem, Sandy Bridge and Haswell
+        # kernels released three different values of one stream.
         products = weights[:, None] * core["noised"][:count]
-        return np.array([math.fsum(column) for column in products.T.tolist()])
+        return np.add.accumulate(products, axis=0)[-1]
 
     @staticmethod
     def _core_floats(core):
