@@ -359,16 +359,12 @@ def _sync_floats(core):
 
 
 @functools.lru_cache(maxsize=64)
-def _plan_cached(horizon, theta, omega):
-    return _Plan(horizon, theta, omega)
-
-
-@functools.lru_cache(maxsize=64)
 def _horizon_plan(length):
-    """The plan of a horizon (or an unbounded stream's epoch) of ``length`` steps: one look-up
-    per step instead of three (the tuples of θ and ω would be hashed again at every step)."""
+    """The plan of a horizon (or an unbounded stream's epoch) of ``length`` steps, made once:
+    a step looks it up by its length (``blt_parameters(h)`` is the table entry of
+    ``_table_horizon(h)``, tabulated or not)."""
     theta, omega = blt_parameters(_table_horizon(length))
-    return _plan_cached(length, theta, omega)
+    return _Plan(length, theta, omega)
 
 
 #: Spare bits of a packed lane: the buffers may grow 2^32-fold before they are repacked wider.
@@ -492,10 +488,6 @@ class BLTMechanism(FactorisationMechanism):
 
     @staticmethod
     def _plan(horizon):
-        # blt_parameters(h) is the entry of _table_horizon(h), tabulated or not.
-        return _horizon_plan(horizon)
-
-    def _plan_of(self, horizon):
         return _horizon_plan(horizon)
 
     @staticmethod
@@ -573,7 +565,7 @@ class BLTMechanism(FactorisationMechanism):
         y = from_units(noised, exponent)
         buffers = core["buffers"]
         u = y - _weighted_rows(plan.omega_list, buffers)
-        buffers *= plan.theta[:, None]
+        buffers *= plan.theta_column
         buffers += u
         core["total"] += u
 
