@@ -94,13 +94,8 @@ class _SumCount(beam.CombineFn):
         return (0, 0, 0)
 
     def add_input(self, acc, value):
-        # _add_dyadic(*acc[:2], *_dyadic(value)) inline: this runs once per event.
-        n, e, count = acc
-        vn, vd = float(value).as_integer_ratio()
-        ve = 1 - vd.bit_length()
-        if e <= ve:
-            return (n + (vn << (ve - e)), e, count + 1)
-        return ((n << (e - ve)) + vn, ve, count + 1)
+        n, e = _add_dyadic(acc[0], acc[1], *_dyadic(value))
+        return (n, e, acc[2] + 1)
 
     def add_inputs(self, acc, values):
         n, e, count = acc
