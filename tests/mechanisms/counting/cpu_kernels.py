@@ -1,13 +1,17 @@
-"""Runs a snippet under every numeric kernel this CPU can run, for the same-bits tests.
+"""Helpers of the same-bits tests: a keyed stream's releases and their fingerprint, and a
+snippet run under every numeric kernel this CPU can run.
 
 OpenBLAS picks a kernel per CPU (``OPENBLAS_CORETYPE`` forces one that this CPU can run)
 and NumPy its SIMD loops (``NPY_DISABLE_CPU_FEATURES`` turns the dispatched ones off): a
 release that depends on either would differ on another worker's CPU.
 """
 
+import hashlib
 import os
 import subprocess
 import sys
+
+import numpy as np
 
 # The snippet imports the test modules as the package they are in (they import each other).
 _PRELUDE = "import sys\nsys.path.insert(0, {root!r})\n"
@@ -29,3 +33,18 @@ def outputs_under_kernels(snippet):
                              capture_output=True, text=True, check=True)
         outputs.add(run.stdout)
     return outputs
+
+
+def fingerprint(values):
+    """SHA-256 of the exact bits (``float.hex``) of a list of floats."""
+    return hashlib.sha256(repr([float(v).hex() for v in values]).encode()).hexdigest()
+
+
+def stream_releases(mech, dim, steps):
+    """The releases (floats) of ``steps`` steps of ``mech`` on fixed inputs in [-3, 3]."""
+    data = np.random.default_rng(5)
+    out = []
+    for _ in range(steps):
+        x = data.uniform(-3, 3, size=dim) if dim > 1 else float(data.uniform(-3, 3))
+        out.extend(np.atleast_1d(mech.step(x)).tolist())
+    return out

@@ -11,32 +11,21 @@ kernel (chosen by CPU) had changed the releases from machine to machine;
 :func:`test_releases_do_not_depend_on_the_cpu_kernels` checks that.
 """
 
-import hashlib
-
 import numpy as np
 import pytest
 
 from dp_beam.mechanisms import BLTMechanism
 from dp_beam.mechanisms.noise_key import KeyedNoise, NoiseKey
 
-from .cpu_kernels import outputs_under_kernels
+from .cpu_kernels import fingerprint, outputs_under_kernels, stream_releases
 
 KEY = NoiseKey.from_bytes(bytes(range(32)))
-
-
-def fingerprint(values):
-    """SHA-256 of the exact bits of a list of floats."""
-    return hashlib.sha256(repr([float(v).hex() for v in values]).encode()).hexdigest()
 
 
 def _replay(dim, horizon, rng, steps):
     mech = BLTMechanism(1.0, sensitivity=1.5, horizon=horizon, noise="gaussian", delta=1e-6, dim=dim,
                         rng=rng)
-    data = np.random.default_rng(5)
-    out = []
-    for _ in range(steps):
-        x = data.uniform(-3, 3, size=dim) if dim > 1 else float(data.uniform(-3, 3))
-        out.extend(np.atleast_1d(mech.step(x)).tolist())
+    out = stream_releases(mech, dim, steps)
     # A state round trip continues the same stream.
     restored = BLTMechanism.from_state(mech.to_state(), rng=KeyedNoise(KEY, ("blt", "restored")))
     out.extend(np.atleast_1d(restored.step(np.ones(dim) if dim > 1 else 1.0)).tolist())

@@ -1,6 +1,5 @@
 """Mechanism registry and participation sensitivity (dp_beam.mechanisms.counting.registry)."""
 
-import hashlib
 import math
 
 import numpy as np
@@ -17,7 +16,7 @@ from dp_beam.mechanisms import (
 from dp_beam.mechanisms.noise_key import KeyedNoise, NoiseKey
 
 from ..participation_helpers import brute_force_norm, patterns
-from .cpu_kernels import outputs_under_kernels
+from .cpu_kernels import fingerprint, outputs_under_kernels, stream_releases
 
 
 def test_registry_names_match_classes():
@@ -161,11 +160,8 @@ def _releases(name):
         for dim, horizon, steps in ((1, 1024, 300), (7, 256, 200), (2, None, 300)):
             mech = cls(1.0, sensitivity=1.5, horizon=horizon, noise=noise, delta=delta, dim=dim,
                        rng=KeyedNoise(key, (name, noise, dim)))
-            data = np.random.default_rng(5)
-            for _ in range(steps):
-                x = data.uniform(-3, 3, size=dim) if dim > 1 else float(data.uniform(-3, 3))
-                out.extend(np.atleast_1d(mech.step(x)).tolist())
-    return hashlib.sha256(repr([v.hex() for v in out]).encode()).hexdigest()
+            out.extend(stream_releases(mech, dim, steps))
+    return fingerprint(out)
 
 
 @pytest.mark.slow

@@ -1,6 +1,5 @@
 """Square-root Toeplitz factorisation (dp_beam.mechanisms.counting.toeplitz)."""
 
-import hashlib
 import math
 
 import numpy as np
@@ -12,6 +11,7 @@ from dp_beam.mechanisms.counting.toeplitz import sqrt_toeplitz_coefficients
 from dp_beam.mechanisms.noise_key import KeyedNoise, NoiseKey
 
 from ..participation_helpers import brute_force_norm
+from .cpu_kernels import fingerprint, stream_releases
 
 GAUSS = dict(noise="gaussian", delta=1e-6)
 KEY = NoiseKey.from_bytes(bytes(range(32)))
@@ -60,12 +60,7 @@ def _replay(dim, horizon, steps):
     """SHA-256 of the exact bits (``float.hex``) of one keyed stream's releases."""
     mech = SqrtToeplitzMechanism(1.0, sensitivity=1.5, horizon=horizon, dim=dim,
                                  rng=KeyedNoise(KEY, ("toeplitz", dim)), **GAUSS)
-    data = np.random.default_rng(5)
-    out = []
-    for _ in range(steps):
-        x = data.uniform(-3, 3, size=dim) if dim > 1 else float(data.uniform(-3, 3))
-        out.extend(np.atleast_1d(mech.step(x)).tolist())
-    return hashlib.sha256(repr([v.hex() for v in out]).encode()).hexdigest()
+    return fingerprint(stream_releases(mech, dim, steps))
 
 
 @pytest.mark.parametrize("dim, horizon, steps, digest", [
