@@ -79,6 +79,21 @@ class NoiseSource:
         # ldexp scales by a power of two exactly; round() is half to even.
         return [int(round(math.ldexp(float(v), -exponent))) for v in values]
 
+    def float_noise(self, kind: str, scale: float, size: int) -> List[float]:
+        """The next call of :meth:`laplace` (``kind`` ``"laplace"``) or :meth:`gaussian`
+        (``"gaussian"``), as a list of Python floats: the same values, from the same
+        position of the source.
+
+        For mechanisms that keep a short vector in Python floats between steps
+        (the tree's scalar and short-vector paths); :class:`~dp_beam.mechanisms.noise_key.KeyedNoise`
+        answers it without building an array.
+        """
+        if kind == "laplace":
+            return self.laplace(scale, size).tolist()
+        if kind == "gaussian":
+            return self.gaussian(scale, size).tolist()
+        raise ValueError(f"kind must be 'laplace' or 'gaussian', got {kind!r}")
+
     def laplace(self, scale: float, size: int) -> np.ndarray:
         scale = check_scale("scale", scale)
         size = check_size(size)

@@ -528,27 +528,40 @@ class KeyedNoise(NoiseSource):
         return BitStream(hasher)
 
     def laplace(self, scale: float, size: int) -> np.ndarray:
-        return self._grid_draws("scale", scale, size, 1, discrete_laplace)
+        return np.array(self.float_noise("laplace", scale, size), dtype=np.float64)
 
     def gaussian(self, sigma: float, size: int) -> np.ndarray:
-        return self._grid_draws("sigma", sigma, size, 2, discrete_gaussian)
+        return np.array(self.float_noise("gaussian", sigma, size), dtype=np.float64)
 
-    def _grid_draws(self, name, scale, size, power, sampler):
-        """``size`` draws of ``sampler`` on the grid of ``scale`` from one new stream: what
-        grid_laplace (``power`` 1) or grid_gaussian (``power`` 2) draws, with the scale's
-        grid and ratio looked up once per call."""
+    def float_noise(self, kind: str, scale: float, size: int) -> List[float]:
+        """``size`` draws from one new stream, as Python floats: what :func:`grid_laplace`
+        (``kind`` ``"laplace"``) or :func:`grid_gaussian` (``"gaussian"``) draws, with
+        the scale's grid and ratio looked up once per call. :meth:`laplace` and
+        :meth:`gaussian` are it as an array; a tree node's scalar draw skips the
+        array (≈ 1 µs of a ≈ 5 µs draw).
+
+        >>> a = KeyedNoise(NoiseKey.from_bytes(bytes(32)), ("doc", "floats"))
+        >>> b = KeyedNoise(NoiseKey.from_bytes(bytes(32)), ("doc", "floats"))
+        >>> a.float_noise("laplace", 2.0, 2) == b.laplace(2.0, 2).tolist()
+        True
+        """
+        if kind == "laplace":
+            name, power, sampler = "scale", 1, discrete_laplace
+        elif kind == "gaussian":
+            name, power, sampler = "sigma", 2, discrete_gaussian
+        else:
+            raise ValueError(f"kind must be 'laplace' or 'gaussian', got {kind!r}")
         scale = check_scale(name, scale)
         # An exact int skips check_size's ABC test (~0.4 µs, a tenth of a scalar draw).
         size = size if type(size) is int and size >= 0 else check_size(size)
         stream = self._next_stream()
         if scale == 0.0 or size == 0:
-            return np.zeros(size, dtype=np.float64)
+            return [0.0] * size
         k, num, den = grid_ratio(scale, power)
         if size == 1:
-            # A tree node's scalar draw: no comprehension frame (0.3 µs of ~4).
-            return np.array([grid_float(sampler(stream, num, den), k)], np.float64)
-        return np.array([grid_float(sampler(stream, num, den), k) for _ in range(size)],
-                        dtype=np.float64)
+            # A tree node's scalar draw: no comprehension frame.
+            return [grid_float(sampler(stream, num, den), k)]
+        return [grid_float(sampler(stream, num, den), k) for _ in range(size)]
 
     def integer_noise(self, kind: str, scale: float, exponent: int, size: int) -> List[int]:
         """``size`` exact discrete Laplace or Gaussian ints of scale ``scale/2^exponent``.

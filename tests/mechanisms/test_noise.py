@@ -85,6 +85,20 @@ def test_zero_scale_gives_zeros_and_negative_scale_is_rejected(source):
         source.laplace(1.0, -1)
 
 
+@pytest.mark.parametrize("make", [lambda: SeededNoise(5), ZeroNoise])
+def test_float_noise_is_the_next_call_as_python_floats(make):
+    """``float_noise`` is ``laplace`` or ``gaussian`` by ``kind``, as a list of floats, and
+    advances the source as they do."""
+    a, b = make(), make()
+    for kind, scale, size in (("laplace", 2.0, 3), ("gaussian", 0.5, 1), ("laplace", 0.0, 2),
+                              ("gaussian", 1.0, 0)):
+        values = a.float_noise(kind, scale, size)
+        assert all(type(v) is float for v in values)
+        assert values == getattr(b, kind)(scale, size).tolist()
+    with pytest.raises(ValueError, match="kind"):
+        a.float_noise("uniform", 1.0, 1)
+
+
 def test_zero_noise_is_zero_and_not_secure():
     z = ZeroNoise()
     np.testing.assert_array_equal(z.laplace(5.0, 4), np.zeros(4))

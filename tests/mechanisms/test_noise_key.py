@@ -214,6 +214,24 @@ def test_keyed_noise_uses_one_stream_per_call():
     assert source.draws == 4
 
 
+def test_float_noise_reads_the_stream_of_the_array_call():
+    """The list draw a tree node takes reads the same stream and values as ``laplace`` and
+    ``gaussian``, and counts as one call (zero scale and size included)."""
+    lists, arrays = KeyedNoise(KEY, ("t", "floats")), KeyedNoise(KEY, ("t", "floats"))
+    for kind, scale, size in (("laplace", 2.0, 1), ("gaussian", 3.5, 3), ("laplace", 0.0, 2),
+                              ("gaussian", 1.0, 0), ("laplace", 1e-3, 4)):
+        values = lists.float_noise(kind, scale, size)
+        assert all(type(v) is float for v in values)
+        assert [v.hex() for v in values] == [v.hex() for v in getattr(arrays, kind)(scale, size)]
+    assert lists.draws == arrays.draws == 5
+    stream = KEY.stream("t", "floats", 5)
+    assert lists.float_noise("laplace", 2.0, 2) == [grid_laplace(stream, 2.0), grid_laplace(stream, 2.0)]
+    with pytest.raises(ValueError, match="kind"):
+        lists.float_noise("exponential", 1.0, 1)
+    with pytest.raises(ValueError, match="sigma"):
+        lists.float_noise("gaussian", -1.0, 1)
+
+
 @pytest.mark.parametrize("draws", [0, 127, 128, 255, 256, 32767, 32768, 2**31, 2**63 + 5])
 def test_keyed_noise_call_n_reads_the_stream_of_identity_plus_n(draws):
     # The counter label is encoded inline; its length grows at these boundaries.

@@ -199,6 +199,27 @@ class BinaryTreeMechanism(CounterParameters):
             self._nodes = None
             self._roots = np.zeros(self._dim, dtype=np.float64)
 
+    # A stream stepped through the list paths (_step_scalar, _step_rows) keeps its nodes
+    # as Python floats between steps, the authoritative copy while set; the array is
+    # brought up to date when anything else reads it. A release DoFn steps every
+    # stream of a shard once per step, and the array round trip (a view, tolist,
+    # a slice assignment) cost more than the step's arithmetic.
+    @property
+    def _nodes(self):
+        mirror = self._mirror
+        if mirror is not None:
+            self._mirror = None
+            if self._dim == 1:
+                self._node_array[:, 0] = mirror
+            else:
+                self._node_array[:] = mirror
+        return self._node_array
+
+    @_nodes.setter
+    def _nodes(self, value):
+        self._node_array = value
+        self._mirror = None
+
     @property
     def levels(self) -> int:
         """Tree depth h: ``horizon.bit_length()``, or for an unbounded stream
@@ -375,7 +396,7 @@ class BinaryTreeMechanism(CounterParameters):
         if self._horizon is not None:
             if t > self._horizon:
                 raise ValueError(f"horizon exceeded: horizon is {self._horizon}, step {t} requested")
-            return t, t, self._nodes.shape[0], None
+            return t, t, self._node_array.shape[0], None
         k, count = epoch_of(t)
         if count == 1:
             self._nodes = np.zeros((k + 1, self._dim), dtype=np.float64)
@@ -388,8 +409,9 @@ class BinaryTreeMechanism(CounterParameters):
         if not math.isfinite(x):
             raise ValueError(f"x must be finite, got {x!r}")
         t, count, levels, k = self._next_position()
-        column = self._nodes[:, 0]        # a view: writing it writes the state
-        values = column.tolist()
+        # A copy, so that a step that raises (a draw past float64) leaves the state as it was.
+        values = self._mirror
+        values = self._node_array[:, 0].tolist() if values is None else values.copy()
         i = _trailing_zeros(count)
         exact = x + values[i]
         for level in range(i + 1, levels):
@@ -400,8 +422,8 @@ class BinaryTreeMechanism(CounterParameters):
         scale = self._node_scale(levels)
         if self._source.exact_grid:
             exact = round_on_exponent(exact, _grid_of(scale))
-        values[i] = exact + float(self._draw(scale)[0])
-        column[:] = values
+        values[i] = exact + self._source.float_noise(self._noise, scale, 1)[0]
+        self._mirror = values
         self._t = t
         if self._horizon is None and count == 1 << k:
             self._close_epoch(k)
@@ -431,7 +453,10 @@ class BinaryTreeMechanism(CounterParameters):
         if not all(math.isfinite(v) for v in x):
             raise ValueError(f"x must be finite, got {x!r}")
         t, count, levels, k = self._next_position()
-        rows = self._nodes.tolist()
+        # Rows are replaced, never changed in place: a shallow copy keeps a step that
+        # raises from changing the state, as in _step_scalar.
+        rows = self._mirror
+        rows = self._node_array.tolist() if rows is None else rows.copy()
         i = _trailing_zeros(count)
         exact = [a + b for a, b in zip(x, rows[i])]
         for level in range(i + 1, levels):
@@ -443,8 +468,8 @@ class BinaryTreeMechanism(CounterParameters):
         if self._source.exact_grid:
             grid = _grid_of(scale)
             exact = [round_on_exponent(v, grid) for v in exact]
-        rows[i] = [a + b for a, b in zip(exact, self._draw(scale).tolist())]
-        self._nodes[:] = rows
+        rows[i] = [a + b for a, b in zip(exact, self._source.float_noise(self._noise, scale, self._dim))]
+        self._mirror = rows
         self._t = t
         if self._horizon is None and count == 1 << k:
             self._close_epoch(k)

@@ -887,6 +887,69 @@ def test_scalar_step_is_bit_for_bit_the_array_step(horizon, source):
         scalar.step(math.nan)
 
 
+@pytest.mark.parametrize("horizon", [64, None])
+@pytest.mark.parametrize("dim", [1, 2])
+def test_list_paths_and_array_readers_interleave(horizon, dim):
+    """Between list-path steps the nodes live in Python floats; every reader of the array
+    (the array step, ``current``, ``to_state``, ``skip``, ``state_size``) must see them, and
+    the next list step must continue from what those readers left. One stream mixes them
+    all, another takes the array path only: the same releases and states, bit for bit."""
+    from dp_beam.mechanisms.noise_key import KeyedNoise, NoiseKey
+
+    def make():
+        return BinaryTreeMechanism(epsilon=0.7, sensitivity=2.0, horizon=horizon, dim=dim,
+                                   rng=KeyedNoise(NoiseKey.from_bytes(bytes(range(32))), ("mix", dim)))
+
+    mixed, array = make(), make()
+    values = np.random.default_rng(11).normal(0.0, 5.0, size=(60, dim))
+    for t, x in enumerate(values):
+        as_list = float(x[0]) if dim == 1 else x.tolist()
+        if t % 6 == 1:
+            a, b = mixed.step(x.copy()), array.step(x.copy())
+        elif t % 6 == 3:
+            assert json.dumps(mixed.to_state()) == json.dumps(array.to_state())
+            a, b = mixed.step(as_list), array.step(x.copy())
+        elif t % 6 == 5:
+            mixed.skip(1)
+            array.skip(1)
+            a, b = mixed.current(), array.current()
+        else:
+            a, b = mixed.step(as_list), array.step(x.copy())
+        assert np.asarray(a).tobytes() == np.asarray(b).tobytes()
+        assert np.asarray(mixed.current()).tobytes() == np.asarray(b).tobytes()
+        assert mixed.state_size() == array.state_size()
+    assert json.dumps(mixed.to_state()) == json.dumps(array.to_state())
+
+
+@pytest.mark.parametrize("dim", [1, 3])
+def test_a_list_step_that_raises_leaves_the_state_unchanged(dim):
+    """A draw that fails (here a planted error on the fourth node) must not leave the list
+    path's nodes half updated: retried, the step releases what an unfailing stream does."""
+
+    class FailOnce(SeededNoise):
+        def __init__(self, seed):
+            super().__init__(seed)
+            self.calls = 0
+
+        def float_noise(self, kind, scale, size):
+            self.calls += 1
+            if self.calls == 4:
+                raise OverflowError("planted")
+            return super().float_noise(kind, scale, size)
+
+    failing = BinaryTreeMechanism(epsilon=1.0, horizon=16, dim=dim, rng=FailOnce(9))
+    clean = BinaryTreeMechanism(epsilon=1.0, horizon=16, dim=dim, rng=9)
+    for t in range(10):
+        x = 1.5 * t + 0.25
+        x = x if dim == 1 else [x, -x, 2.0][:dim]
+        if t == 3:
+            with pytest.raises(OverflowError, match="planted"):
+                failing.step(x)
+            assert failing.t == 3
+        assert np.asarray(failing.step(x)).tobytes() == np.asarray(clean.step(x)).tobytes()
+    assert json.dumps(failing.to_state()) == json.dumps(clean.to_state())
+
+
 @pytest.mark.parametrize("horizon", [72, 1000, None])
 @pytest.mark.parametrize("source", ["seed", "keyed"])
 @pytest.mark.parametrize("noise", ["laplace", "gaussian"])
