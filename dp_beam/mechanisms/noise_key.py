@@ -390,7 +390,8 @@ class KeyedNoise(NoiseSource):
     """Production noise that is reproducible: draw n of an identity is always the same.
 
     ``KeyedNoise(noise_key, identity)`` makes its n-th call (n = 0, 1, …),
-    ``laplace(scale, size)`` or ``gaussian(sigma, size)``, read the stream
+    ``laplace(scale, size)`` or ``gaussian(sigma, size)`` (or :meth:`float_noise`,
+    the same draws as a list), read the stream
     ``noise_key.stream(*identity, n)`` and draw the ``size`` values from it
     in order with :func:`grid_laplace` / :func:`grid_gaussian`. The same key,
     identity and sequence of calls give bit-identical arrays in any process,
