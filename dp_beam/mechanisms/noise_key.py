@@ -384,6 +384,10 @@ def encode_identity(identity: tuple) -> bytes:
 
 #: The encoded counter label of draw 0 (what _encode_label writes for the int 0).
 _FIRST_DRAW = b"I" + _encode_length(1) + b"\x00"
+#: Encodings of (int, str) label pairs given to :meth:`KeyedNoise.for_identity`, the
+#: (step, phase) of a release: encoded once per step, not once per stream and step.
+_STEP_LABELS = {}
+_STEP_LABELS_MAX = 4096
 
 
 class KeyedNoise(NoiseSource):
@@ -476,15 +480,30 @@ class KeyedNoise(NoiseSource):
         # The labels are encoded one after another, so the child's encoding
         # is this one's followed by the new labels' (what __init__ would
         # compute, without encoding the shared prefix again).
-        parts = [self._encoded]
-        for label in more:
-            _encode_label(label, parts)
+        if len(more) == 2 and type(more[0]) is int and type(more[1]) is str:
+            # A release's (step, phase): every stream of a shard asks for the same one.
+            # Only exact (int, str) pairs are stored, so 1, 1.0 and True never share one.
+            suffix = _STEP_LABELS.get(more)
+            if suffix is None:
+                parts = []
+                _encode_label(more[0], parts)
+                _encode_label(more[1], parts)
+                suffix = b"".join(parts)
+                if len(_STEP_LABELS) >= _STEP_LABELS_MAX:
+                    _STEP_LABELS.clear()
+                _STEP_LABELS[more] = suffix
+            encoded = self._encoded + suffix
+        else:
+            parts = [self._encoded]
+            for label in more:
+                _encode_label(label, parts)
+            encoded = b"".join(parts)
         child = KeyedNoise.__new__(KeyedNoise)
         child._noise_key = self._noise_key
         child._identity = self._identity + more
         child._draws = 0
         child._prefix = None
-        child._encoded = b"".join(parts)
+        child._encoded = encoded
         return child
 
     def __getstate__(self):

@@ -282,6 +282,31 @@ def test_for_identity_extends_the_identity_with_a_fresh_counter():
         parent.for_identity()
 
 
+def test_for_identity_step_labels_are_encoded_by_type(monkeypatch):
+    """A release's (step, phase) labels are encoded once per pair and reused: the child
+    must read the stream of its full identity, and a pair that compares equal but differs in
+    type (1.0, True, a NumPy int) must not take another pair's encoding."""
+    from dp_beam.mechanisms import noise_key
+
+    monkeypatch.setattr(noise_key, "_STEP_LABELS", {})
+    monkeypatch.setattr(noise_key, "_STEP_LABELS_MAX", 3)
+    parent = KeyedNoise(KEY, ("count", "key-1"))
+    for labels in ((1, "step"), (1.0, "step"), (True, "step"), (np.int64(1), "step"), (1, "open"),
+                   (2**70, "step"), (-3, "step"), (1, "step"), ("step", 1), (1, "step", 0)):
+        child = parent.for_identity(*labels)
+        assert child.identity == ("count", "key-1") + labels
+        assert child._encoded == encode_identity(("count", "key-1") + labels)[9:]
+        expected = KeyedNoise(KEY, ("count", "key-1") + labels).laplace(1.0, 2)
+        np.testing.assert_array_equal(child.laplace(1.0, 2), expected)
+        assert len(noise_key._STEP_LABELS) <= 3
+    # The int 1 and the NumPy int 1 are the same label; 1.0 and True are not.
+    # (A list: the three pairs are equal as dict keys.)
+    draws = [parent.for_identity(*labels).laplace(1.0, 1)[0]
+             for labels in ((1, "step"), (1.0, "step"), (True, "step"))]
+    assert len(set(draws)) == 3
+    assert parent.for_identity(np.int64(1), "step").laplace(1.0, 1)[0] == draws[0]
+
+
 def test_keyed_noise_validates_eagerly():
     with pytest.raises(ValueError, match="noise_key"):
         KeyedNoise(KEY_BYTES, ("t",))
