@@ -44,10 +44,10 @@ def _run_batch(make, keys, steps, shards, windowed=False):
     return _records(collect(batch_options(), build))
 
 
-def _count(keys, steps):
+def _count(keys, steps, **noise):
     return lambda shards: dpb.ContinualCount(
         epsilon=1.0, step=HOUR, start=0, end=steps * HOUR, key_fn=lambda e: e[0],
-        keys=[f"k{k}" for k in range(keys)], noise_key=KEY, shards=shards)
+        keys=[f"k{k}" for k in range(keys)], noise_key=KEY, shards=shards, **noise)
 
 
 def _sum(keys, steps):
@@ -59,10 +59,7 @@ def _sum(keys, steps):
 
 def _gaussian_count(keys, steps):
     # Gaussian noise: BLT, whose scalar streams step on Python numbers between states.
-    return lambda shards: dpb.ContinualCount(
-        epsilon=1.0, step=HOUR, start=0, end=steps * HOUR, key_fn=lambda e: e[0],
-        keys=[f"k{k}" for k in range(keys)], noise="gaussian", delta=1e-6, noise_key=KEY,
-        shards=shards)
+    return _count(keys, steps, noise="gaussian", delta=1e-6)
 
 
 @pytest.mark.parametrize("make", [_count, _sum, _gaussian_count], ids=["count", "sum", "blt"])
