@@ -22,6 +22,7 @@ import apache_beam as beam
 from dp_beam.mechanisms import CounterConfig, NoiseSource, ZeroNoise
 from dp_beam.mechanisms.counting.postprocess import MonotoneRelease
 from dp_beam.mechanisms.counting.registry import default_mechanism, get_mechanism
+from dp_beam.mechanisms.counting.lockstep import lockstep
 from dp_beam.mechanisms.noise_key import NoiseKey
 from dp_beam.records import LedgerEntry, Release
 from dp_beam.transforms.contributions import BoundContributions, CountCapped
@@ -215,19 +216,42 @@ class CounterReleaseSpec(ReleaseSpec):
         mechanism.set_noise_source(rng)
         return mechanism
 
-    def release(self, mechanism: Any, key: Any, step: int, aggregate: Any) -> Tuple[Release]:
+    def _total(self, aggregate):
+        """A step's total as the mechanism takes it."""
         total = _finite_total(aggregate[0])
         if self._grid_exponent is not None:
             total = round_total(total, self._grid_exponent)
-        value = mechanism.step(total)
-        t = mechanism.t
+        return total
+
+    def _public_of(self, mechanism, t):
         public = self._public.get(t)
         if public is None:
             public = self._public[t] = (float(mechanism.noise_std(t)),
                                         float(mechanism.ci_halfwidth(t)), mechanism.name)
+        return public
+
+    def release(self, mechanism: Any, key: Any, step: int, aggregate: Any) -> Tuple[Release]:
+        value = mechanism.step(self._total(aggregate))
+        t = mechanism.t
+        public = self._public_of(mechanism, t)
         # One record: a tuple, not a generator (this runs once per stream and step).
         return (Release(key, step, step * self.step_seconds, (step + 1) * self.step_seconds,
                         float(value), public[0], public[1], public[2], self.transform, t),)
+
+    def lockstep(self, mechanisms: List[Any]) -> Optional[Any]:
+        # Tree streams (the count's and the sum's default) step as one array, other scalar
+        # counters each by its own mechanism; a monotone release wraps its mechanism and
+        # steps on its own.
+        return None if self._monotone else lockstep(mechanisms)
+
+    def release_lockstep(self, streams: Any, keys: List[Any], step: int,
+                         aggregates: List[Any], sources: List[Any]) -> List[Release]:
+        values = streams.step([self._total(a) for a in aggregates], sources)
+        t = streams.t
+        noise_std, ci, name = self._public_of(streams.template, t)
+        start, end, transform = step * self.step_seconds, (step + 1) * self.step_seconds, self.transform
+        return [Release(key, step, start, end, value, noise_std, ci, name, transform, t)
+                for key, value in zip(keys, values)]
 
     def ledger(self, key: Any) -> List[LedgerEntry]:
         return [self._ledger._replace(key=key)]

@@ -22,7 +22,7 @@ needed. Specs without it run
 :class:`OrderedReleaseDoFn` with exactly its own state cells.
 """
 
-from typing import Any, Optional, Union
+from typing import Any, NamedTuple, Optional, Union
 
 import apache_beam as beam
 import numpy as np
@@ -52,6 +52,22 @@ __all__ = ["LoggedReleaseDoFn", "OrderedReleaseDoFn"]
 _SOURCE_CACHE = 4096
 #: Steps whose release timestamp a release DoFn keeps.
 _STAMP_CACHE = 1 << 16
+
+
+class _Firing(NamedTuple):
+    """A started firing of one stream (:meth:`OrderedReleaseDoFn._fire_start`): its key, the
+    first and last step it releases, the stream's first step, its pending aggregates per
+    step, its mechanism (``None``: restored at the first release), the log arguments and
+    the cells it finishes with (buffer, mechanism state, next step, timer)."""
+    key: Any
+    nxt: int
+    until: int
+    first: int
+    pending: dict
+    mechanism: Any
+    with_log: dict
+    log: Any
+    cells: tuple
 
 
 @beam.typehints.with_output_types(Any)
@@ -326,6 +342,19 @@ class OrderedReleaseDoFn(beam.DoFn):
         """Releases the stream's due steps. ``final``: no later firing reads this stream's
         cells (the timer-free batch release fires each stream exactly once), so the
         mechanism's state is not serialised for one."""
+        firing = yield from self._fire_start(key, fire, buffer, mech_state, next_state,
+                                             first_state, earliest_state, timer, log)
+        if firing is None:
+            return
+        mechanism, step, done = yield from self._release_steps(
+            key, firing.nxt, firing.until, firing.pending, firing.mechanism, mech_state,
+            firing.with_log)
+        yield from self._fire_finish(firing, mechanism, step, done, final)
+
+    def _fire_start(self, key, fire, buffer, mech_state, next_state, first_state,
+                    earliest_state, timer, log=None):
+        """A firing up to its first release: opens the stream if due (yielding its ledger
+        entries) and returns its :class:`_Firing`, or ``None`` if it releases nothing."""
         spec = self._spec
         with_log = {} if log is None else {"log": log}
         nxt = next_state.read()
@@ -333,9 +362,9 @@ class OrderedReleaseDoFn(beam.DoFn):
         if nxt is None:
             nxt = self._open_on_data(pending, first_state, earliest_state)
             if nxt is None:
-                return
+                return None
         if self._closed(nxt):
-            return
+            return None
         first = first_state.read()
         mechanism = None
         if nxt == first and mech_state.read() is None:
@@ -345,19 +374,90 @@ class OrderedReleaseDoFn(beam.DoFn):
         for step in [s for s in pending if s < nxt]:
             aggregate = pending.pop(step)
             pending[nxt] = spec.merge(pending[nxt], aggregate) if nxt in pending else aggregate
-        until = self._until(fire, first)
-        mechanism, step, done = yield from self._release_steps(
-            key, nxt, until, pending, mechanism, mech_state, with_log)
+        return _Firing(key, nxt, self._until(fire, first), first, pending, mechanism, with_log,
+                       log, (buffer, mech_state, next_state, timer))
+
+    def _fire_finish(self, firing, mechanism, step, done, final):
+        """A firing after its releases: stores the mechanism, then closes the stream or keeps
+        what is left for the next firing."""
+        buffer, mech_state, next_state, timer = firing.cells
         if mechanism is not None and not final:
             # A stream's to_state costs about as much as a tenth of its 72 steps.
             mech_state.write(mechanism.to_state())
-        if log is not None:
-            log.flush()
-        last = first + spec.horizon - 1 if spec.horizon is not None else None
+        if firing.log is not None:
+            firing.log.flush()
+        horizon = self._spec.horizon
+        last = firing.first + horizon - 1 if horizon is not None else None
         if done or (last is not None and step > last):
-            yield from self._close(key, done, pending, buffer, next_state)
+            yield from self._close(firing.key, done, firing.pending, buffer, next_state)
             return
-        self._carry(step, pending, buffer, next_state, timer)
+        self._carry(step, firing.pending, buffer, next_state, timer)
+
+    def _fire_together(self, firings, final=False):
+        """Completes the started firings (:meth:`_fire_start`), stepping together the streams
+        whose mechanisms the spec can step as one (:meth:`ReleaseSpec.lockstep`): streams
+        that release the same steps. Each stream's records, ledger, invalid elements and
+        state are those its own firing gives; only the order of the records across
+        streams differs (step by step instead of stream by stream)."""
+        groups = {}
+        for firing in firings:
+            groups.setdefault((firing.nxt, firing.until), []).append(firing)
+        for (nxt, until), group in groups.items():
+            results = None
+            if len(group) > 1 and self._per_step_seed() and nxt <= until:
+                results = yield from self._release_lockstep(group, nxt, until)
+            if results is None:
+                results = []
+                for firing in group:
+                    results.append((yield from self._release_steps(
+                        firing.key, nxt, until, firing.pending, firing.mechanism,
+                        firing.cells[1], firing.with_log)))
+            for firing, (mechanism, step, done) in zip(group, results):
+                yield from self._fire_finish(firing, mechanism, step, done, final)
+
+    def _release_lockstep(self, group, nxt, until):
+        """:meth:`_release_steps` of every stream of ``group`` (all releasing steps
+        ``nxt``..``until``, each from its own keyed source at each step), step by step
+        across the streams; returns their ``(mechanism, next step, done)``, or ``None``
+        (nothing released) when the spec cannot step their mechanisms together. Only
+        streams opened by this firing qualify (the batch release's: each fires once);
+        a stored stream is restored and steps on its own."""
+        spec = self._spec
+        rng = self._rng
+        mechanisms = [firing.mechanism for firing in group]
+        if any(mechanism is None for mechanism in mechanisms):
+            return None
+        lockstep = spec.lockstep(mechanisms)
+        if lockstep is None:
+            return None
+        keys = [firing.key for firing in group]
+        pendings = [firing.pending for firing in group]
+        used = [0] * len(group)
+        empty = 0
+        end_stamp, zero, events = self._end_stamp, spec.zero, spec.events
+        for step in range(nxt, until + 1):
+            aggregates = []
+            for j, pending in enumerate(pendings):
+                aggregate = pending.pop(step, None)
+                if aggregate is None:
+                    empty += 1
+                    aggregate = zero()
+                used[j] += events(aggregate)
+                aggregates.append(aggregate)
+            sources = [rng(key, step) for key in keys]
+            stamp = end_stamp(step)
+            for record in spec.release_lockstep(lockstep, keys, step, aggregates, sources):
+                yield global_element(record, stamp)
+        lockstep.write_back()
+        released = until - nxt + 1
+        progress, window_end = self._progress, spec.window_end(until)
+        for key, n in zip(keys, used):
+            progress.released(key, until, window_end, n, released)
+        self._released.inc(released * len(group))
+        progress.report()
+        if empty:
+            self._empty.inc(empty)
+        return [(mechanism, until + 1, False) for mechanism in mechanisms]
 
     def _pending(self, buffer):
         """The buffered aggregates merged per step."""

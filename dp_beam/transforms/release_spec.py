@@ -88,6 +88,20 @@ class ReleaseSpec:
         """Ledger entries charged when the stream of ``key`` opens."""
         raise NotImplementedError
 
+    def lockstep(self, mechanisms: List[Any]) -> Optional[Any]:
+        """An object that steps these streams' mechanisms together, or ``None`` (the default)
+        for each to step on its own. Offered only for streams that release the same
+        steps, each from its own source per step; a spec that returns one must release
+        every one of those steps (:meth:`done` stays False) and give in
+        :meth:`release_lockstep` exactly the records of :meth:`release`."""
+        return None
+
+    def release_lockstep(self, lockstep: Any, keys: List[Any], step: int,
+                         aggregates: List[Any], sources: List[Any]) -> Iterable[Any]:
+        """:meth:`release` of every stream of ``lockstep`` (key ``keys[j]``, aggregate
+        ``aggregates[j]``, noise source ``sources[j]``) at one step."""
+        raise NotImplementedError
+
     def done(self, mechanism: Any) -> bool:
         """True when the stream will release nothing more (key selection after admission)."""
         return False

@@ -256,6 +256,8 @@ class BatchShardReleaseDoFn(beam.DoFn):
                 stream = streams[key] = (entry, ShardedReleaseDoFn._cells(entry))
             buffer, _, nxt, first, earliest, stream_timer = stream[1]
             yield from inner._process((key, value), buffer, nxt, first, earliest, stream_timer)
+        logged = isinstance(inner, LoggedReleaseDoFn)
+        firings = []
         for key in sorted(streams, key=lambda k: encode_identity((key_label(k),))):
             entry, cells = streams[key]
             # Bounded: a stream's timer is set once, at the end of its last
@@ -263,7 +265,13 @@ class BatchShardReleaseDoFn(beam.DoFn):
             due = entry.pop("timer", None)
             if due is None:
                 continue
-            log = {}
-            if isinstance(inner, LoggedReleaseDoFn):
-                log["log"] = inner.stream_log(_Bag(entry, "log"), _Cell(entry, "log_meta"))
-            yield from inner._fire(key, Timestamp(due), *cells, final=True, **log)
+            if logged:
+                log = inner.stream_log(_Bag(entry, "log"), _Cell(entry, "log_meta"))
+                yield from inner._fire(key, Timestamp(due), *cells, final=True, log=log)
+                continue
+            firing = yield from inner._fire_start(key, Timestamp(due), *cells)
+            if firing is not None:
+                firings.append(firing)
+        # The streams that release the same steps (on bounded input, every declared key's)
+        # are released step by step together, where the spec can step them as one.
+        yield from inner._fire_together(firings, final=True)

@@ -288,3 +288,87 @@ def test_a_stream_opening_on_data_opens_at_its_earliest_buffered_step():
     assert s.first.value == 2 and s.earliest.value is None
     assert s.next.value == 4 and s.buffer.items == [(4, (4.0, 1))]
     assert s.timer.set_at[-1] == 50.0
+
+
+class _Together(list):
+    """Mechanisms stepped together by LockstepRunningSpec (nothing to write back)."""
+
+    def write_back(self):
+        self.written = True
+
+
+class LockstepRunningSpec(RunningSpec):
+    """RunningSpec whose streams can step together; it records each joint step."""
+
+    def __init__(self, horizon=None):
+        super().__init__(horizon)
+        self.joint = []
+        self.together = []
+
+    def lockstep(self, mechanisms):
+        self.together.append(_Together(mechanisms))
+        return self.together[-1]
+
+    def release_lockstep(self, lockstep, keys, step, aggregates, sources):
+        self.joint.append((tuple(keys), step))
+        out = []
+        for mechanism, key, aggregate, source in zip(lockstep, keys, aggregates, sources):
+            mechanism.rng = source
+            out.extend(self.release(mechanism, key, step, aggregate))
+        return out
+
+
+def _shard(dofn):
+    """Streams a, b open at step 0, c, d at step 2 (each with data and a step past the
+    horizon); e, f were released through step 2 before, so they are restored, and g alone
+    opens at step 1."""
+    streams = {key: Stream(dofn, key) for key in "abcdefg"}
+    for key, first in (("a", 0), ("b", 0), ("c", 2), ("d", 2), ("e", 0), ("f", 0), ("g", 1)):
+        streams[key].send(first, StreamStart())
+    for key, s in streams.items():
+        s.send(3, (float(ord(key)), 1))
+        s.send(9, (1.0, 1))                       # beyond the horizon of 6 steps from c, d
+    for key, total in (("e", 10.0), ("f", 20.0)):
+        streams[key].next.value, streams[key].mech.value = 3, total
+    return streams
+
+
+def test_streams_releasing_the_same_steps_are_stepped_together_with_their_own_records():
+    """_fire_start + _fire_together on a shard's streams give each stream the records, ledger,
+    dead letters and cells of its own _fire; the streams opened by the firing that release
+    the same steps (a, b from 0, c, d from 2) are stepped together at each step, with each
+    stream's own source; a lone stream (g) and the restored ones (e, f) step on their own."""
+    def run(together):
+        spec = LockstepRunningSpec(horizon=6)
+        dofn = OrderedReleaseDoFn(spec, bounded=True, seed=3, end_step=8)
+        streams = _shard(dofn)
+        out = []
+        if together:
+            firings = []
+            for s in streams.values():
+                gen = dofn._fire_start(s.key, Timestamp.of(80), s.buffer, s.mech, s.next, s.first,
+                                       s.earliest, s.timer)
+                while True:
+                    try:
+                        out.append(next(gen))
+                    except StopIteration as stop:
+                        firings.append(stop.value)
+                        break
+            out += list(dofn._fire_together(firings))
+        else:
+            for s in streams.values():
+                out += s.fire(80)
+        cells = {k: (s.buffer.items, s.mech.value, s.next.value) for k, s in streams.items()}
+        releases, ledger, invalid = _split(out)
+        return spec, (sorted(releases), sorted(ledger), sorted((i.reason, i.count) for i in invalid),
+                      cells)
+
+    alone, expected = run(False)
+    spec, got = run(True)
+    assert got == expected
+    assert expected[0][:2] == [("a", 0, 0.0, 0), ("a", 1, 0.0, 0)] and expected[2]
+    assert not alone.joint
+    assert spec.joint == [(("a", "b"), s) for s in range(6)] + [(("c", "d"), s) for s in range(2, 8)]
+    assert all(t.written for t in spec.together)
+    # Each stream drew from its own source at each step: the last one is its own last step's.
+    assert len({m.rng for t in spec.together for m in t}) == 4

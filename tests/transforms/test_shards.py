@@ -71,6 +71,63 @@ def test_batch_sharded_release_equals_per_key_release(make):
     assert _run_batch(make(keys, steps), keys, steps, 1) == per_key
 
 
+def _full_records(make, keys, steps, shards):
+    """Every field of every record (releases, ledger, invalid) of a batch run."""
+    events = _events(keys, steps)
+
+    def build(p):
+        res = p | beam.Create(events) | beam.Map(_stamp) | make(shards)
+        return {"releases": res.releases, "accounting": res.accounting, "invalid": res.invalid}
+
+    out = collect(batch_options(), build)
+    return {name: sorted(repr(tuple(r)) if isinstance(r, tuple) else repr(r) for r in records)
+            for name, records in out.items()}
+
+
+@pytest.mark.parametrize("options,together", [
+    (dict(), "LockstepTrees"), (dict(rng=5, noise_key=None), "LockstepTrees"),
+    (dict(sum=True), "LockstepTrees"), (dict(noise="gaussian", delta=1e-6), "LockstepStreams"),
+    (dict(monotone=True), None)], ids=["keyed", "int-seed", "sum", "blt", "monotone"])
+def test_batch_shard_steps_its_streams_together(monkeypatch, options, together):
+    """On bounded input a shard's streams release the same steps, so they are stepped
+    together: tree streams as one array (LockstepTrees), BLT streams each by its own
+    mechanism in one call per step (LockstepStreams). Every field of every record is the
+    per-key release's, with the keyed source and with a test seed. A monotone release
+    wraps its mechanism and steps each stream on its own, with the same records."""
+    from dp_beam.mechanisms.counting import lockstep
+
+    options = dict(options)
+    keys, steps = 10, 6
+    if options.pop("sum", False):
+        def make(shards):
+            return dpb.ContinualSum(
+                value_fn=lambda e: e[2], lower=0.0, upper=4.0, epsilon=1.0, step=HOUR, start=0,
+                end=steps * HOUR, key_fn=lambda e: e[0], keys=[f"k{k}" for k in range(keys)],
+                noise_key=KEY, shards=shards)
+    else:
+        def make(shards):
+            return dpb.ContinualCount(
+                epsilon=1.0, step=HOUR, start=0, end=steps * HOUR, key_fn=lambda e: e[0],
+                keys=[f"k{k}" for k in range(keys)], shards=shards, **{"noise_key": KEY, **options})
+    calls = []
+    for name in ("LockstepTrees", "LockstepStreams"):
+        cls = getattr(lockstep, name)
+        monkeypatch.setattr(cls, "step", lambda self, x, sources, name=name, step=cls.step:
+                            calls.append((name, len(x))) or step(self, x, sources))
+    per_key = _full_records(make, keys, steps, 0)
+    assert not calls                      # one stream per key: nothing to step together
+    sharded = _full_records(make, keys, steps, 2)
+    assert sharded == per_key
+    assert len(per_key["releases"]) == keys * steps and per_key["invalid"]
+    if together:
+        # Two shards, each with several of the 10 keys (their public hash splits them 3 + 7):
+        # at every step each shard stepped all its streams together.
+        assert {name for name, _ in calls} == {together}
+        assert len(calls) == 2 * steps and sum(n for _, n in calls) == keys * steps
+    else:
+        assert not calls
+
+
 @pytest.mark.parametrize("preset", ["tuned", "paper"])
 def test_batch_sharded_mean_equals_per_key_mean(preset):
     # The paper preset keeps its medians' samples in a per-stream log.

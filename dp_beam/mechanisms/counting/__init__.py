@@ -22,6 +22,8 @@ Modules:
 * :mod:`.honaker`, :mod:`.smooth_binary`, :mod:`.blt` (with the generated
   :mod:`.blt_table`), :mod:`.toeplitz`: the factorisation mechanisms.
 * :mod:`.integer_units`: exact integer arithmetic of the integer right factor.
+* :mod:`.lockstep`: many scalar streams of one configuration stepped together (a
+  shard of a release), with each stream's own releases.
 * :mod:`.intervals`: exact intervals of weighted sums of Laplace noises.
 * :mod:`.participation`: sensitivity when a unit takes part in several steps.
 * :mod:`.registry`: the mechanisms by name, the default choice and the

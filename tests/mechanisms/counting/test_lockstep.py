@@ -1,0 +1,259 @@
+"""LockstepTrees: many scalar tree streams stepped as one array, bit for bit their own steps."""
+
+import math
+
+import numpy as np
+import pytest
+
+from dp_beam.mechanisms import BinaryTreeMechanism, SeededNoise, ZeroNoise
+from dp_beam.mechanisms.counting.lockstep import LockstepStreams, LockstepTrees, lockstep
+from dp_beam.mechanisms.noise_key import KeyedNoise, NoiseKey
+
+KEY = NoiseKey.from_bytes(bytes(range(32)))
+
+
+def _keyed(j, step):
+    return KeyedNoise(KEY, ("lockstep", j)).for_identity(step, "step")
+
+
+def _seeded(j, step):
+    return SeededNoise(1000 * j + step)
+
+
+def _inputs(n, steps):
+    # Mixed magnitudes and signs: off-grid fractions, exact zeros, and values so large
+    # that the grid rounding keeps them as they are (beyond 2^53 grid steps).
+    rng = np.random.default_rng(7)
+    out = []
+    for s in range(steps):
+        row = []
+        for j in range(n):
+            kind = (s + j) % 5
+            if kind == 0:
+                row.append(0.0)
+            elif kind == 1:
+                row.append(float(rng.normal()) * 1e-9)
+            elif kind == 2:
+                row.append(float(rng.integers(0, 5)))
+            elif kind == 3:
+                row.append(float(rng.normal()) * 1e17)
+            else:
+                row.append(-0.3 * j)
+        out.append(row)
+    return out
+
+
+def _streams(n, horizon, noise="laplace", **kw):
+    delta = 1e-6 if noise == "gaussian" else None
+    return [BinaryTreeMechanism(1.0, horizon=horizon, noise=noise, delta=delta, **kw)
+            for _ in range(n)]
+
+
+def _own_steps(mechanisms, inputs, source, first=0):
+    """Each stream stepped on its own, as a per-key release does."""
+    out = []
+    for s, row in enumerate(inputs, start=first):
+        values = []
+        for j, (m, x) in enumerate(zip(mechanisms, row)):
+            m.set_noise_source(source(j, s))
+            values.append(m.step(x))
+        out.append(values)
+    return out
+
+
+def _lock_steps(lock, inputs, source, first=0):
+    return [lock.step(row, [source(j, s) for j in range(len(row))])
+            for s, row in enumerate(inputs, start=first)]
+
+
+def _bits(rows):
+    return [[v.hex() for v in row] for row in rows]
+
+
+@pytest.mark.parametrize("horizon,steps", [(1, 1), (2, 2), (7, 7), (8, 8), (72, 72), (300, 300),
+                                           (None, 1), (None, 130), (None, 520)])
+@pytest.mark.parametrize("source", [_keyed, _seeded], ids=["keyed", "seeded"])
+def test_releases_are_each_streams_own_bit_for_bit(horizon, steps, source):
+    """Bounded horizons (a 300-step tree sums 8 live nodes at t = 255, the pairwise branch),
+    and unbounded streams across several epochs; keyed (exact-grid) and seeded sources."""
+    n = 5
+    inputs = _inputs(n, steps)
+    own = _own_steps(_streams(n, horizon), inputs, source)
+    lock = LockstepTrees(_streams(n, horizon))
+    assert _bits(_lock_steps(lock, inputs, source)) == _bits(own)
+    assert lock.t == steps
+
+
+def test_gaussian_node_noise_and_mixed_sources():
+    """Gaussian tree nodes; streams whose sources differ in exact_grid round only where theirs
+    is exact-grid, as each stream's own step does."""
+    n, steps = 4, 20
+    inputs = _inputs(n, steps)
+
+    def mixed(j, s):
+        return _keyed(j, s) if j % 2 else SeededNoise(j * 100 + s)
+
+    own = _own_steps(_streams(n, 32, noise="gaussian"), inputs, mixed)
+    lock = LockstepTrees(_streams(n, 32, noise="gaussian"))
+    assert _bits(_lock_steps(lock, inputs, mixed)) == _bits(own)
+
+
+@pytest.mark.parametrize("horizon", [40, None])
+def test_starts_from_and_writes_back_each_streams_state(horizon):
+    """Streams stepped on their own first (the list path's nodes included), then together,
+    then on their own again: the same releases and states as streams never stepped together."""
+    n = 3
+    inputs = _inputs(n, 30)
+    plain = _streams(n, horizon)
+    expected = _own_steps(plain, inputs, _keyed)
+
+    mixed = _streams(n, horizon)
+    got = _own_steps(mixed, inputs[:5], _keyed)
+    lock = LockstepTrees(mixed)
+    got += _lock_steps(lock, inputs[5:17], _keyed, first=5)
+    assert [m.t for m in mixed] == [5] * n           # unchanged until written back
+    lock.write_back()
+    got += _own_steps(mixed, inputs[17:], _keyed, first=17)
+    assert _bits(got) == _bits(expected)
+    for a, b in zip(plain, mixed):
+        assert a.to_state() == b.to_state()
+
+
+def test_written_back_streams_keep_their_last_source():
+    """As after its own steps, a stream's source is the one of its last draw (its counter
+    advanced), so a draw after write_back is the next one of that source."""
+    n = 2
+    own = _streams(n, 16)
+    _own_steps(own, _inputs(n, 3), _keyed)
+    together = _streams(n, 16)
+    lock = LockstepTrees(together)
+    _lock_steps(lock, _inputs(n, 3), _keyed)
+    lock.write_back()
+    for a, b in zip(own, together):
+        assert a._source.draws == b._source.draws == 1
+        assert a._source.identity == b._source.identity
+
+
+def test_zero_noise_gives_the_running_sums():
+    lock = LockstepTrees([BinaryTreeMechanism(1.0, horizon=None, rng=ZeroNoise()) for _ in range(3)])
+    totals = [lock.step([1.0, 2.0, 0.5], [ZeroNoise()] * 3) for _ in range(9)]
+    assert totals[-1] == [9.0, 18.0, 4.5]
+
+
+def test_eligibility():
+    a, b = _streams(2, 8)
+    assert LockstepTrees.eligible([a, b])
+    assert not LockstepTrees.eligible([])
+    assert not LockstepTrees.eligible([a, BinaryTreeMechanism(2.0, horizon=8)])        # epsilon
+    assert not LockstepTrees.eligible([a, BinaryTreeMechanism(1.0, horizon=16)])       # horizon
+    assert not LockstepTrees.eligible([a, BinaryTreeMechanism(1.0, horizon=8, dim=2)])
+    assert not LockstepTrees.eligible([BinaryTreeMechanism(1.0, horizon=8, dim=2)] * 2)
+
+    class Sub(BinaryTreeMechanism):
+        pass
+
+    assert not LockstepTrees.eligible([a, Sub(1.0, horizon=8)])
+    b.set_noise_source(ZeroNoise())
+    b.step(1.0)
+    assert not LockstepTrees.eligible([a, b])                                         # step count
+    with pytest.raises(ValueError, match="same step count"):
+        LockstepTrees([a, b])
+
+
+class _FailingAt(KeyedNoise):
+    """A keyed source whose draw raises (as an over-long draw would)."""
+
+    def float_noise(self, kind, scale, size):
+        raise OverflowError("planted")
+
+
+def test_a_step_that_raises_leaves_every_stream_unchanged():
+    n = 3
+    inputs = _inputs(n, 6)
+    expected = _own_steps(_streams(n, None), inputs, _keyed)
+    lock = LockstepTrees(_streams(n, None))
+    got = _lock_steps(lock, inputs[:3], _keyed)
+    bad = [_keyed(0, 3), _keyed(1, 3), _keyed(2, 3)]
+    bad[1].__class__ = _FailingAt
+    with pytest.raises(OverflowError, match="planted"):
+        lock.step(inputs[3], bad)
+    with pytest.raises(ValueError, match="finite"):
+        lock.step([1.0, math.nan, 0.0], [_keyed(j, 3) for j in range(n)])
+    with pytest.raises(ValueError, match="one entry per stream"):
+        lock.step([1.0, 2.0], [_keyed(j, 3) for j in range(2)])
+    assert lock.t == 3
+    got += _lock_steps(lock, inputs[3:], _keyed, first=3)
+    assert _bits(got) == _bits(expected)
+
+
+def test_the_horizon_is_enforced():
+    lock = LockstepTrees(_streams(2, 2))
+    for _ in range(2):
+        lock.step([1.0, 1.0], [ZeroNoise()] * 2)
+    with pytest.raises(ValueError, match="horizon exceeded"):
+        lock.step([1.0, 1.0], [ZeroNoise()] * 2)
+    assert lock.t == 2
+
+
+@pytest.mark.parametrize("k", [-30, -1, 0, 3, -1074])
+def test_array_rounding_is_round_on_exponent_elementwise(k):
+    """The array rounding is the scalar one element by element, down to the sign of zero
+    (round() gives the int 0, so -0.3 grid steps round to +0.0): ties to even, values
+    beyond 2^53 grid steps or whose scaling overflows kept as they are, subnormals."""
+    from dp_beam.mechanisms.counting.lockstep import _round_on_exponent
+    from dp_beam.mechanisms.noise_grid import round_on_exponent
+
+    step = math.ldexp(1.0, k)
+    values = [0.0, -0.0, -0.3 * step, 0.3 * step, 0.5 * step, 1.5 * step, 2.5 * step, -2.5 * step,
+              1e300, -1e300, 1.7e308, 5e-324, -5e-324, 2.0 ** 60 * step + step, 0.1, -7.75, 3e17]
+    got = _round_on_exponent(np.array(values), k).tolist()
+    assert [v.hex() for v in got] == [round_on_exponent(v, k).hex() for v in values]
+
+
+def _counter(cls, horizon, noise):
+    delta = 1e-6 if noise == "gaussian" else None
+    return cls(1.0, horizon=horizon, noise=noise, delta=delta)
+
+
+@pytest.mark.parametrize("name,noise", [("BLTMechanism", "gaussian"), ("HonakerTreeMechanism", "laplace"),
+                                        ("SmoothBinaryMechanism", "gaussian"),
+                                        ("SqrtToeplitzMechanism", "gaussian")])
+@pytest.mark.parametrize("horizon", [20, None])
+def test_other_counters_step_together_with_their_own_releases(name, noise, horizon):
+    """Every other scalar counter steps together by its own mechanism: the releases of
+    each stream's own steps, and the mechanisms end in their own states."""
+    from dp_beam.mechanisms import counting
+
+    cls = getattr(counting, name)
+    n, steps = 3, 20
+    inputs = _inputs(n, steps)
+    own_streams = [_counter(cls, horizon, noise) for _ in range(n)]
+    own = _own_steps(own_streams, inputs, _keyed)
+    streams = [_counter(cls, horizon, noise) for _ in range(n)]
+    lock = lockstep(streams)
+    assert type(lock) is LockstepStreams and lock.template is streams[0]
+    got = _lock_steps(lock, inputs, _keyed)
+    lock.write_back()
+    assert _bits(got) == _bits(own) and lock.t == steps
+    for a, b in zip(own_streams, streams):
+        assert a.to_state() == b.to_state()
+
+
+def test_lockstep_picks_the_array_path_for_trees_and_refuses_mixed_streams():
+    from dp_beam.mechanisms import BLTMechanism
+
+    assert type(lockstep(_streams(2, 8))) is LockstepTrees
+    blt = [_counter(BLTMechanism, 8, "gaussian") for _ in range(2)]
+    assert type(lockstep(blt)) is LockstepStreams
+    assert lockstep([]) is None
+    assert lockstep([_streams(1, 8)[0], blt[0]]) is None                        # classes
+    assert lockstep([blt[0], _counter(BLTMechanism, 16, "gaussian")]) is None    # parameters
+    assert lockstep([BinaryTreeMechanism(1.0, horizon=8, dim=2)] * 2) is None    # vectors
+    assert lockstep([BLTMechanism(1.0, horizon=8, noise="gaussian", delta=1e-6, dim=2)] * 2) is None
+    blt[1].set_noise_source(ZeroNoise())
+    blt[1].step(1.0)
+    assert lockstep(blt) is None                                                  # step counts
+    with pytest.raises(ValueError, match="same step count"):
+        LockstepStreams(blt)
+    with pytest.raises(ValueError, match="one entry per stream"):
+        LockstepStreams(blt[:1]).step([1.0, 2.0], [ZeroNoise()])
