@@ -447,7 +447,11 @@ class OrderedReleaseDoFn(beam.DoFn):
             sources = [rng(key, step) for key in keys]
             stamp = end_stamp(step)
             for record in spec.release_lockstep(lockstep, keys, step, aggregates, sources):
-                yield global_element(record, stamp)
+                # As in _release_steps: tagged outputs as they are, records in the global window.
+                if isinstance(record, pvalue.TaggedOutput):
+                    yield record
+                else:
+                    yield global_element(record, stamp)
         lockstep.write_back()
         released = until - nxt + 1
         progress, window_end = self._progress, spec.window_end(until)

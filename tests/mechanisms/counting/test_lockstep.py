@@ -200,7 +200,7 @@ def test_array_rounding_is_round_on_exponent_elementwise(k):
     """The array rounding is the scalar one element by element, down to the sign of zero
     (round() gives the int 0, so -0.3 grid steps round to +0.0): ties to even, values
     beyond 2^53 grid steps or whose scaling overflows kept as they are, subnormals."""
-    from dp_beam.mechanisms.counting.lockstep import _round_on_exponent
+    from dp_beam.mechanisms.counting.tree import _round_on_exponent
     from dp_beam.mechanisms.noise_grid import round_on_exponent
 
     step = math.ldexp(1.0, k)
