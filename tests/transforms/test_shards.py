@@ -86,12 +86,14 @@ def _full_records(make, keys, steps, shards):
 
 @pytest.mark.parametrize("options,together", [
     (dict(), "LockstepTrees"), (dict(rng=5, noise_key=None), "LockstepTrees"),
-    (dict(sum=True), "LockstepTrees"), (dict(noise="gaussian", delta=1e-6), "LockstepStreams"),
-    (dict(monotone=True), None)], ids=["keyed", "int-seed", "sum", "blt", "monotone"])
+    (dict(sum=True), "LockstepTrees"), (dict(noise="gaussian", delta=1e-6), "LockstepBLT"),
+    (dict(mechanism="honaker"), "LockstepStreams"), (dict(monotone=True), None)],
+    ids=["keyed", "int-seed", "sum", "blt", "honaker", "monotone"])
 def test_batch_shard_steps_its_streams_together(monkeypatch, options, together):
     """On bounded input a shard's streams release the same steps, so they are stepped
-    together: tree streams as one array (LockstepTrees), BLT streams each by its own
-    mechanism in one call per step (LockstepStreams). Every field of every record is the
+    together: tree streams as one array (LockstepTrees), BLT streams with their float
+    post-processing as one array (LockstepBLT), other counters each by its own mechanism
+    in one call per step (LockstepStreams). Every field of every record is the
     per-key release's, with the keyed source and with a test seed. A monotone release
     wraps its mechanism and steps each stream on its own, with the same records."""
     from dp_beam.mechanisms.counting import lockstep
@@ -110,7 +112,7 @@ def test_batch_shard_steps_its_streams_together(monkeypatch, options, together):
                 epsilon=1.0, step=HOUR, start=0, end=steps * HOUR, key_fn=lambda e: e[0],
                 keys=[f"k{k}" for k in range(keys)], shards=shards, **{"noise_key": KEY, **options})
     calls = []
-    for name in ("LockstepTrees", "LockstepStreams"):
+    for name in ("LockstepTrees", "LockstepBLT", "LockstepStreams"):
         cls = getattr(lockstep, name)
         monkeypatch.setattr(cls, "step", lambda self, x, sources, name=name, step=cls.step:
                             calls.append((name, len(x))) or step(self, x, sources))

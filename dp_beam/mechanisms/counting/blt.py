@@ -35,7 +35,8 @@ from .factorisation import FactorisationMechanism
 from .integer_units import Lanes, dyadic, from_unit, from_units, round_div_pow2, to_unit, to_units
 from .participation import toeplitz_participation_norm
 
-__all__ = ["BLTCoreState", "BLTMechanism", "blt_errors", "optimise_blt", "blt_parameters"]
+__all__ = ["BLTCoreState", "BLTMechanism", "LockstepBLT", "blt_errors", "optimise_blt",
+           "blt_parameters"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -685,3 +686,142 @@ class BLTMechanism(FactorisationMechanism):
         decreasing after c_1; ``c_1 = Σ ω <= 1`` is checked with the rest, see
         :func:`~dp_beam.mechanisms.counting.participation.toeplitz_participation_norm`."""
         return toeplitz_participation_norm(cls._plan(horizon).column(), k, b)
+
+
+# -- many streams stepped together ---------------------------------------------
+
+
+class LockstepBLT:
+    """Scalar :class:`BLTMechanism` streams of one configuration and step count, stepped
+    together (:mod:`~dp_beam.mechanisms.counting.lockstep`).
+
+    Each step looks the plan, the noise scale and the integer unit up once for
+    all the streams. Every stream draws its exact discrete Gaussian from its
+    own source and steps its own integer buffers, as
+    :meth:`BLTMechanism._scalar_core_step` does; the float post-processing of
+    all the streams (``u = y − ω·b``, ``b ← θ b + u``, the running release)
+    runs on one ``(buffers + 1) × streams`` array, each element through the
+    same IEEE-754 products and sums in the same order, so the releases are
+    each stream's own, bit for bit.
+
+    ``mechanisms``: ``BLTMechanism`` streams (not a subclass) with ``dim == 1``,
+    the same parameters and the same step count (:meth:`eligible`). Their
+    integer buffers are stepped in place (after every draw of the step has
+    been made, so a draw that raises changes nothing); their float buffers,
+    step counts and the roots of completed epochs are theirs again after
+    :meth:`write_back`.
+
+    Privacy cost: none of its own; each stream costs what its mechanism states.
+    """
+
+    def __init__(self, mechanisms: Sequence[BLTMechanism]) -> None:
+        mechanisms = list(mechanisms)
+        if not self.eligible(mechanisms):
+            raise ValueError("mechanisms must be one or more BLTMechanism streams with dim 1, "
+                             "the same parameters and the same step count")
+        self._members = mechanisms
+        self._template = mechanisms[0]
+        self._n = len(mechanisms)
+        self._t = self._template._t
+        self._horizon = self._template._horizon
+        self._kind = self._template._noise
+        # Each stream's floats as its scalar core keeps them: the buffers, then the total.
+        cores = [m._core for m in mechanisms]
+        self._floats = (None if cores[0] is None else np.array(
+            [c["floats"] if "floats" in c else c["buffers"][:, 0].tolist() + c["total"].tolist()
+             for c in cores], dtype=np.float64).T.copy())
+        self._roots = (None if self._horizon is not None else
+                       np.array([m._roots[0] for m in mechanisms], dtype=np.float64))
+        self._last_sources = None
+
+    @staticmethod
+    def eligible(mechanisms: Sequence[object]) -> bool:
+        """Whether ``mechanisms`` can be stepped together (see the class docstring)."""
+        if not mechanisms:
+            return False
+        first = mechanisms[0]
+        if type(first) is not BLTMechanism or first._dim != 1:
+            return False
+        config, t = first.config, first._t
+        return all(type(m) is BLTMechanism and m._t == t and m.config == config
+                   for m in mechanisms)
+
+    @property
+    def t(self) -> int:
+        return self._t
+
+    @property
+    def template(self) -> BLTMechanism:
+        """The first stream's mechanism (public functions of the shared parameters)."""
+        return self._template
+
+    def __len__(self) -> int:
+        return self._n
+
+    def step(self, x: Sequence[float], sources: Sequence[Any]) -> list:
+        """Each stream's next element in, its noisy prefix sum out (as Python floats); the
+        same as ``m.set_noise_source(sources[j])`` then ``m.step(x[j])`` for each stream."""
+        n = self._n
+        if len(x) != n or len(sources) != n:
+            raise ValueError(f"x and sources must have one entry per stream ({n}), "
+                             f"got {len(x)} and {len(sources)}")
+        if not all(math.isfinite(v) for v in x):
+            raise ValueError("x must be finite numbers, one per stream")
+        template, horizon = self._template, self._horizon
+        t = self._t + 1
+        if horizon is not None:
+            if t > horizon:
+                raise ValueError(f"horizon exceeded: horizon is {horizon}, step {t} requested")
+            start, length = 1, horizon
+        else:
+            _, start, length = template._epoch_of(t)
+        plan = template._plan_of(length)
+        scale = template._scale(length)
+        exponent = template._exact_exponent(plan)
+        kind = self._kind
+        # Every draw first: a draw that raises leaves every stream as it was.
+        noise = [source.integer_noise(kind, scale, exponent, 1)[0] for source in sources]
+        new_epoch = horizon is None and t == start
+        if new_epoch:
+            cores = [template._core_new(plan) for _ in range(n)]
+            floats = np.zeros((plan.buffers + 1, n))
+        else:
+            cores = [m._core for m in self._members]
+            floats = self._floats
+        right_step = BLTMechanism._scalar_right_step
+        y = np.array([from_unit(right_step(plan, core, to_unit(v, exponent), z), exponent)
+                      for core, v, z in zip(cores, x, noise)], dtype=np.float64)
+        buffers = floats[:-1]
+        u = y - _weighted_rows(plan.omega_list, buffers)
+        total = floats[-1] + u
+        floats = np.vstack([buffers * np.array(plan.theta_list)[:, None] + u, total])
+        if new_epoch:
+            for member, core in zip(self._members, cores):
+                member._core = core
+        self._t = t
+        self._last_sources = sources
+        if horizon is not None:
+            self._floats = floats
+            return total.tolist()
+        value = self._roots + total
+        if t == start + length - 1:
+            # The epoch is complete: its release becomes the roots, its core is dropped.
+            self._roots = value
+            self._floats = None
+            for member in self._members:
+                member._core = None
+        else:
+            self._floats = floats
+        return value.tolist()
+
+    def write_back(self) -> None:
+        """Gives every stream its float buffers, step count, roots and last noise source."""
+        floats, roots, sources = self._floats, self._roots, self._last_sources
+        for j, member in enumerate(self._members):
+            member._t = self._t
+            if floats is not None:
+                member._core["floats"] = floats[:, j].tolist()
+            if roots is not None:
+                member._roots = roots[j:j + 1].copy()
+            if sources is not None:
+                member.set_noise_source(sources[j])

@@ -12,16 +12,22 @@ bookkeeping once per step rather than once per stream and step.
   same node is created, the same open levels gain the input and the same
   nodes are summed. Their nodes live in one ``levels × streams`` array, and
   each step is a handful of array operations.
+* :class:`~dp_beam.mechanisms.counting.blt.LockstepBLT` (in :mod:`.blt`): BLT
+  streams (the default with Gaussian noise). Each draws its exact discrete
+  Gaussian and steps its integer buffers on its own; the plan, scale and
+  integer unit are looked up once per step, and the float post-processing
+  runs on one array for all of them.
 * :class:`LockstepStreams`: any other scalar counter with a swappable noise
-  source (BLT, Honaker, smooth binary, square-root Toeplitz), each stream
-  stepped by its own mechanism.
+  source (Honaker, smooth binary, square-root Toeplitz), each stream stepped
+  by its own mechanism.
 
 The releases are those of each stream's own mechanism, bit for bit: a tree
 element goes through the same IEEE-754 operations in the same order, with the
 same exact rounding to the noise grid (half to even) and its noise drawn from
 its stream's own source by the same call
 (:meth:`~dp_beam.mechanisms.noise.NoiseSource.float_noise`); every other
-counter steps by its own code, from its stream's own source. The draws are
+counter steps by its own code (BLT's float post-processing through the same
+products and sums in the same order), from its stream's own source. The draws are
 still made one by one: each is an exact sampler on its stream's own keyed
 stream (``docs/privacy/counting.md``, C-3, C-9). Nothing about the privacy
 argument changes: this is an evaluation order, not a mechanism.
@@ -38,10 +44,11 @@ argument changes: this is an evaluation order, not a mechanism.
 from typing import List, Sequence
 
 from ..noise import NoiseSource
+from .blt import LockstepBLT
 from .parameters import CounterParameters
 from .tree import LockstepTrees
 
-__all__ = ["LockstepStreams", "LockstepTrees", "lockstep"]
+__all__ = ["LockstepBLT", "LockstepStreams", "LockstepTrees", "lockstep"]
 
 
 def _check_step(n, x, sources):
@@ -114,9 +121,12 @@ class LockstepStreams:
 
 def lockstep(mechanisms: Sequence[object]):
     """The fastest way to step these streams together: :class:`LockstepTrees` for tree
-    streams, else :class:`LockstepStreams`, or ``None`` when they cannot be."""
+    streams, :class:`LockstepBLT` for BLT streams, else :class:`LockstepStreams`, or
+    ``None`` when they cannot be."""
     if LockstepTrees.eligible(mechanisms):
         return LockstepTrees(mechanisms)
+    if LockstepBLT.eligible(mechanisms):
+        return LockstepBLT(mechanisms)
     if LockstepStreams.eligible(mechanisms):
         return LockstepStreams(mechanisms)
     return None

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from dp_beam.mechanisms import BinaryTreeMechanism, SeededNoise, ZeroNoise
-from dp_beam.mechanisms.counting.lockstep import LockstepStreams, LockstepTrees, lockstep
+from dp_beam.mechanisms.counting.lockstep import LockstepBLT, LockstepStreams, LockstepTrees, lockstep
 from dp_beam.mechanisms.noise_key import KeyedNoise, NoiseKey
 
 KEY = NoiseKey.from_bytes(bytes(range(32)))
@@ -215,23 +215,25 @@ def _counter(cls, horizon, noise):
     return cls(1.0, horizon=horizon, noise=noise, delta=delta)
 
 
-@pytest.mark.parametrize("name,noise", [("BLTMechanism", "gaussian"), ("HonakerTreeMechanism", "laplace"),
-                                        ("SmoothBinaryMechanism", "gaussian"),
-                                        ("SqrtToeplitzMechanism", "gaussian")])
-@pytest.mark.parametrize("horizon", [20, None])
-def test_other_counters_step_together_with_their_own_releases(name, noise, horizon):
-    """Every other scalar counter steps together by its own mechanism: the releases of
-    each stream's own steps, and the mechanisms end in their own states."""
+@pytest.mark.parametrize("name,noise,kind", [
+    ("BLTMechanism", "gaussian", "LockstepBLT"), ("HonakerTreeMechanism", "laplace", "LockstepStreams"),
+    ("SmoothBinaryMechanism", "gaussian", "LockstepStreams"),
+    ("SqrtToeplitzMechanism", "gaussian", "LockstepStreams")])
+@pytest.mark.parametrize("horizon,steps", [(20, 20), (72, 72), (None, 20), (None, 140)])
+def test_other_counters_step_together_with_their_own_releases(name, noise, kind, horizon, steps):
+    """Every other scalar counter steps together (BLT with its float post-processing on one
+    array, the others by their own mechanisms): the releases of each stream's own steps,
+    and the mechanisms end in their own states (unbounded: across several epochs)."""
     from dp_beam.mechanisms import counting
 
     cls = getattr(counting, name)
-    n, steps = 3, 20
+    n = 3
     inputs = _inputs(n, steps)
     own_streams = [_counter(cls, horizon, noise) for _ in range(n)]
     own = _own_steps(own_streams, inputs, _keyed)
     streams = [_counter(cls, horizon, noise) for _ in range(n)]
     lock = lockstep(streams)
-    assert type(lock) is LockstepStreams and lock.template is streams[0]
+    assert type(lock).__name__ == kind and lock.template is streams[0]
     got = _lock_steps(lock, inputs, _keyed)
     lock.write_back()
     assert _bits(got) == _bits(own) and lock.t == steps
@@ -239,12 +241,62 @@ def test_other_counters_step_together_with_their_own_releases(name, noise, horiz
         assert a.to_state() == b.to_state()
 
 
-def test_lockstep_picks_the_array_path_for_trees_and_refuses_mixed_streams():
+@pytest.mark.parametrize("horizon", [40, None])
+def test_blt_streams_start_from_and_write_back_their_state(horizon):
+    """BLT streams stepped on their own (their floats in a list or in the arrays), then
+    together, then on their own again: each stream's releases and state."""
     from dp_beam.mechanisms import BLTMechanism
+
+    n = 3
+    inputs = _inputs(n, 36)
+    plain = [_counter(BLTMechanism, horizon, "gaussian") for _ in range(n)]
+    expected = _own_steps(plain, inputs, _keyed)
+    mixed = [_counter(BLTMechanism, horizon, "gaussian") for _ in range(n)]
+    got = _own_steps(mixed, inputs[:5], _keyed)
+    mixed[0].to_state()                 # the array path's sync: its floats back in the arrays
+    lock = LockstepBLT(mixed)
+    got += _lock_steps(lock, inputs[5:20], _keyed, first=5)
+    lock.write_back()
+    got += _own_steps(mixed, inputs[20:], _keyed, first=20)
+    assert _bits(got) == _bits(expected)
+    for a, b in zip(plain, mixed):
+        assert a.to_state() == b.to_state()
+
+
+def test_a_blt_step_whose_draw_raises_leaves_every_stream_unchanged():
+    from dp_beam.mechanisms import BLTMechanism
+
+    class Failing(KeyedNoise):
+        def integer_noise(self, kind, scale, exponent, size):
+            raise OverflowError("planted")
+
+    n = 3
+    inputs = _inputs(n, 8)
+    expected = _own_steps([_counter(BLTMechanism, 8, "gaussian") for _ in range(n)], inputs, _keyed)
+    lock = LockstepBLT([_counter(BLTMechanism, 8, "gaussian") for _ in range(n)])
+    got = _lock_steps(lock, inputs[:3], _keyed)
+    bad = [_keyed(j, 3) for j in range(n)]
+    bad[2].__class__ = Failing
+    with pytest.raises(OverflowError, match="planted"):
+        lock.step(inputs[3], bad)
+    with pytest.raises(ValueError, match="finite"):
+        lock.step([1.0, math.inf, 0.0], [_keyed(j, 3) for j in range(n)])
+    assert lock.t == 3
+    got += _lock_steps(lock, inputs[3:], _keyed, first=3)
+    assert _bits(got) == _bits(expected)
+    with pytest.raises(ValueError, match="horizon exceeded"):
+        lock.step(inputs[0], [_keyed(j, 9) for j in range(n)])
+
+
+def test_lockstep_picks_the_array_path_for_trees_and_refuses_mixed_streams():
+    from dp_beam.mechanisms import BLTMechanism, HonakerTreeMechanism
 
     assert type(lockstep(_streams(2, 8))) is LockstepTrees
     blt = [_counter(BLTMechanism, 8, "gaussian") for _ in range(2)]
-    assert type(lockstep(blt)) is LockstepStreams
+    assert type(lockstep(blt)) is LockstepBLT
+    assert not LockstepBLT.eligible([]) and not LockstepBLT.eligible(_streams(2, 8))
+    honaker = [_counter(HonakerTreeMechanism, 8, "laplace") for _ in range(2)]
+    assert type(lockstep(honaker)) is LockstepStreams
     assert lockstep([]) is None
     assert lockstep([_streams(1, 8)[0], blt[0]]) is None                        # classes
     assert lockstep([blt[0], _counter(BLTMechanism, 16, "gaussian")]) is None    # parameters
@@ -255,5 +307,9 @@ def test_lockstep_picks_the_array_path_for_trees_and_refuses_mixed_streams():
     assert lockstep(blt) is None                                                  # step counts
     with pytest.raises(ValueError, match="same step count"):
         LockstepStreams(blt)
+    with pytest.raises(ValueError, match="same step count"):
+        LockstepBLT(blt)
     with pytest.raises(ValueError, match="one entry per stream"):
         LockstepStreams(blt[:1]).step([1.0, 2.0], [ZeroNoise()])
+    with pytest.raises(ValueError, match="one entry per stream"):
+        LockstepBLT(blt[:1]).step([1.0, 2.0], [ZeroNoise()])
