@@ -20,9 +20,9 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Type, U
 import apache_beam as beam
 
 from dp_beam.mechanisms import CounterConfig, NoiseSource, ZeroNoise
+from dp_beam.mechanisms.counting.lockstep import lockstep
 from dp_beam.mechanisms.counting.postprocess import MonotoneRelease
 from dp_beam.mechanisms.counting.registry import default_mechanism, get_mechanism
-from dp_beam.mechanisms.counting.lockstep import lockstep
 from dp_beam.mechanisms.noise_key import NoiseKey
 from dp_beam.records import LedgerEntry, Release
 from dp_beam.transforms.contributions import BoundContributions, CountCapped
@@ -239,9 +239,9 @@ class CounterReleaseSpec(ReleaseSpec):
                         float(value), public[0], public[1], public[2], self.transform, t),)
 
     def lockstep(self, mechanisms: List[Any]) -> Optional[Any]:
-        # Tree streams (the count's and the sum's default) step as one array, other scalar
-        # counters each by its own mechanism; a monotone release wraps its mechanism and
-        # steps on its own.
+        # Tree streams (the count's and the sum's default) step as one array, BLT streams
+        # with their float part as one array, other scalar counters each by its own
+        # mechanism; a monotone release wraps its mechanism and steps on its own.
         return None if self._monotone else lockstep(mechanisms)
 
     def release_lockstep(self, streams: Any, keys: List[Any], step: int,
@@ -249,7 +249,8 @@ class CounterReleaseSpec(ReleaseSpec):
         values = streams.step([self._total(a) for a in aggregates], sources)
         t = streams.t
         noise_std, ci, name = self._public_of(streams.template, t)
-        start, end, transform = step * self.step_seconds, (step + 1) * self.step_seconds, self.transform
+        start, end = step * self.step_seconds, (step + 1) * self.step_seconds
+        transform = self.transform
         return [Release(key, step, start, end, value, noise_std, ci, name, transform, t)
                 for key, value in zip(keys, values)]
 

@@ -188,7 +188,10 @@ class BatchShardReleaseDoFn(beam.DoFn):
     ledger, invalid) are the same bit for bit, without a state read or
     write per element or a timer per shard. Streams are fired in the order
     of their keys' canonical encoding, so that the order does not depend on
-    the runner's grouping.
+    the runner's grouping. The streams (without a log) that release the same
+    steps are released together, step by step, where the spec can step their
+    mechanisms as one (:meth:`OrderedReleaseDoFn._fire_together`,
+    :mod:`~dp_beam.mechanisms.counting.lockstep`).
 
     ``combine_fn``: the input is then lists of stream markers and partial
     accumulators ``[(key, step, accumulator), ...]`` of ``combine_fn`` (each
