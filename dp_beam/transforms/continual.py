@@ -20,7 +20,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Type, U
 import apache_beam as beam
 
 from dp_beam.mechanisms import CounterConfig, NoiseSource, ZeroNoise
-from dp_beam.mechanisms.counting.lockstep import lockstep
+from dp_beam.mechanisms.counting.lockstep import lockstep_of
 from dp_beam.mechanisms.counting.postprocess import MonotoneRelease
 from dp_beam.mechanisms.counting.registry import default_mechanism, get_mechanism
 from dp_beam.mechanisms.noise_key import NoiseKey
@@ -242,7 +242,7 @@ class CounterReleaseSpec(ReleaseSpec):
         # Tree streams (the count's and the sum's default) step as one array, BLT streams
         # with their float part as one array, other scalar counters each by its own
         # mechanism; a monotone release wraps its mechanism and steps on its own.
-        return None if self._monotone else lockstep(mechanisms)
+        return None if self._monotone else lockstep_of(mechanisms)
 
     def release_lockstep(self, streams: Any, keys: List[Any], step: int,
                          aggregates: List[Any], sources: List[Any]) -> List[Release]:

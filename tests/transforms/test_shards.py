@@ -96,7 +96,7 @@ def test_batch_shard_steps_its_streams_together(monkeypatch, options, together):
     in one call per step (LockstepStreams). Every field of every record is the
     per-key release's, with the keyed source and with a test seed. A monotone release
     wraps its mechanism and steps each stream on its own, with the same records."""
-    from dp_beam.mechanisms.counting import lockstep
+    from dp_beam.mechanisms import counting
 
     options = dict(options)
     keys, steps = 10, 6
@@ -113,7 +113,7 @@ def test_batch_shard_steps_its_streams_together(monkeypatch, options, together):
                 keys=[f"k{k}" for k in range(keys)], shards=shards, **{"noise_key": KEY, **options})
     calls = []
     for name in ("LockstepTrees", "LockstepBLT", "LockstepStreams"):
-        cls = getattr(lockstep, name)
+        cls = getattr(counting, name)
         monkeypatch.setattr(cls, "step", lambda self, x, sources, name=name, step=cls.step:
                             calls.append((name, len(x))) or step(self, x, sources))
     per_key = _full_records(make, keys, steps, 0)

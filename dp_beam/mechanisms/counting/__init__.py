@@ -32,13 +32,14 @@ Modules:
   hierarchical consistency).
 """
 
-from .blt import BLTMechanism, blt_errors, blt_parameters, optimise_blt
+from .blt import BLTMechanism, LockstepBLT, blt_errors, blt_parameters, optimise_blt
 from .blt_table import BLT_TABLE
 from .doubling import epoch_of, epoch_steps, release_intervals, release_levels
 from .factorisation import RIGHT_FACTOR_SLACK, FactorisationMechanism, prefix_sum_lower_bound, prefix_sum_matrix
 from .honaker import HonakerTreeMechanism
 from .integer_units import dyadic, from_units, round_div_pow2, to_units
 from .intervals import laplace_combination_halfwidth, laplace_release_halfwidth
+from .lockstep import Lockstep, LockstepStreams, lockstep_of
 from .parameters import (
     NOISE_KINDS,
     CounterConfig,
@@ -59,7 +60,7 @@ from .postprocess import MonotoneRelease, hay_consistency, isotonic_increasing
 from .registry import MECHANISMS, default_mechanism, get_mechanism, participation_norm, participation_sensitivity
 from .smooth_binary import SmoothBinaryMechanism, smooth_binary_shape
 from .toeplitz import SqrtToeplitzMechanism, sqrt_toeplitz_coefficients
-from .tree import BinaryTreeMechanism
+from .tree import BinaryTreeMechanism, LockstepTrees
 
 __all__ = [
     "BLT_TABLE",
@@ -71,6 +72,10 @@ __all__ = [
     "CounterConfig",
     "FactorisationMechanism",
     "HonakerTreeMechanism",
+    "Lockstep",
+    "LockstepBLT",
+    "LockstepStreams",
+    "LockstepTrees",
     "MonotoneRelease",
     "SmoothBinaryMechanism",
     "SqrtToeplitzMechanism",
@@ -94,6 +99,7 @@ __all__ = [
     "isotonic_increasing",
     "laplace_combination_halfwidth",
     "laplace_release_halfwidth",
+    "lockstep_of",
     "optimise_blt",
     "participation_norm",
     "participation_sensitivity",

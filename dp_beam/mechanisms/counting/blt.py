@@ -33,6 +33,7 @@ from scipy import optimize
 from ..state import StateRecord
 from .factorisation import FactorisationMechanism
 from .integer_units import Lanes, dyadic, from_unit, from_units, round_div_pow2, to_unit, to_units
+from .lockstep import Lockstep
 from .participation import toeplitz_participation_norm
 
 __all__ = ["BLTCoreState", "BLTMechanism", "LockstepBLT", "blt_errors", "optimise_blt",
@@ -691,7 +692,7 @@ class BLTMechanism(FactorisationMechanism):
 # -- many streams stepped together ---------------------------------------------
 
 
-class LockstepBLT:
+class LockstepBLT(Lockstep):
     """Scalar :class:`BLTMechanism` streams of one configuration and step count, stepped
     together (:mod:`~dp_beam.mechanisms.counting.lockstep`).
 
@@ -714,57 +715,26 @@ class LockstepBLT:
     Privacy cost: none of its own; each stream costs what its mechanism states.
     """
 
+    mechanism_class = BLTMechanism
+
     def __init__(self, mechanisms: Sequence[BLTMechanism]) -> None:
-        mechanisms = list(mechanisms)
-        if not self.eligible(mechanisms):
-            raise ValueError("mechanisms must be one or more BLTMechanism streams with dim 1, "
-                             "the same parameters and the same step count")
-        self._members = mechanisms
-        self._template = mechanisms[0]
-        self._n = len(mechanisms)
-        self._t = self._template._t
-        self._horizon = self._template._horizon
-        self._kind = self._template._noise
+        super().__init__(mechanisms)
+        template = self._template
+        self._horizon = template._horizon
+        self._kind = template._noise
         # Each stream's floats as its scalar core keeps them: the buffers, then the total.
-        cores = [m._core for m in mechanisms]
+        cores = [m._core for m in self._members]
         self._floats = (None if cores[0] is None else np.array(
             [c["floats"] if "floats" in c else c["buffers"][:, 0].tolist() + c["total"].tolist()
              for c in cores], dtype=np.float64).T.copy())
         self._roots = (None if self._horizon is not None else
-                       np.array([m._roots[0] for m in mechanisms], dtype=np.float64))
-        self._last_sources = None
-
-    @staticmethod
-    def eligible(mechanisms: Sequence[object]) -> bool:
-        """Whether ``mechanisms`` can be stepped together (see the class docstring)."""
-        if not mechanisms:
-            return False
-        first = mechanisms[0]
-        if type(first) is not BLTMechanism or first._dim != 1:
-            return False
-        config, t = first.config, first._t
-        return all(type(m) is BLTMechanism and m._t == t and m.config == config
-                   for m in mechanisms)
-
-    @property
-    def t(self) -> int:
-        return self._t
-
-    @property
-    def template(self) -> BLTMechanism:
-        """The first stream's mechanism (public functions of the shared parameters)."""
-        return self._template
-
-    def __len__(self) -> int:
-        return self._n
+                       np.array([m._roots[0] for m in self._members], dtype=np.float64))
 
     def step(self, x: Sequence[float], sources: Sequence[Any]) -> list:
         """Each stream's next element in, its noisy prefix sum out (as Python floats); the
         same as ``m.set_noise_source(sources[j])`` then ``m.step(x[j])`` for each stream."""
         n = self._n
-        if len(x) != n or len(sources) != n:
-            raise ValueError(f"x and sources must have one entry per stream ({n}), "
-                             f"got {len(x)} and {len(sources)}")
+        self._check_step(x, sources)
         if not all(math.isfinite(v) for v in x):
             raise ValueError("x must be finite numbers, one per stream")
         template, horizon = self._template, self._horizon
@@ -814,14 +784,8 @@ class LockstepBLT:
             self._floats = floats
         return value.tolist()
 
-    def write_back(self) -> None:
-        """Gives every stream its float buffers, step count, roots and last noise source."""
-        floats, roots, sources = self._floats, self._roots, self._last_sources
-        for j, member in enumerate(self._members):
-            member._t = self._t
-            if floats is not None:
-                member._core["floats"] = floats[:, j].tolist()
-            if roots is not None:
-                member._roots = roots[j:j + 1].copy()
-            if sources is not None:
-                member.set_noise_source(sources[j])
+    def _write_member(self, j, mechanism):
+        if self._floats is not None:
+            mechanism._core["floats"] = self._floats[:, j].tolist()
+        if self._roots is not None:
+            mechanism._roots = self._roots[j:j + 1].copy()

@@ -34,6 +34,7 @@ argument changes: this is an evaluation order, not a mechanism.
 
 >>> from dp_beam.mechanisms import BinaryTreeMechanism, ZeroNoise
 >>> trees = [BinaryTreeMechanism(1.0, horizon=8, rng=ZeroNoise()) for _ in range(2)]
+>>> from dp_beam.mechanisms.counting import LockstepTrees
 >>> lock = LockstepTrees(trees)
 >>> [lock.step([1.0, 2.0], [ZeroNoise(), ZeroNoise()]) for _ in range(3)]
 [[1.0, 2.0], [2.0, 4.0], [3.0, 6.0]]
@@ -41,92 +42,134 @@ argument changes: this is an evaluation order, not a mechanism.
 ([3, 3], 8.0)
 """
 
-from typing import List, Sequence
+from typing import List, Optional, Sequence
 
 from ..noise import NoiseSource
-from .blt import LockstepBLT
 from .parameters import CounterParameters
-from .tree import LockstepTrees
 
-__all__ = ["LockstepBLT", "LockstepStreams", "LockstepTrees", "lockstep"]
-
-
-def _check_step(n, x, sources):
-    if len(x) != n or len(sources) != n:
-        raise ValueError(f"x and sources must have one entry per stream ({n}), "
-                         f"got {len(x)} and {len(sources)}")
+__all__ = ["Lockstep", "LockstepStreams", "lockstep_of"]
 
 
-class LockstepStreams:
-    """Scalar counting streams of one mechanism class, configuration and step count, each
-    stepped by its own mechanism, all in one call per step.
+class Lockstep:
+    """What every way of stepping streams together shares: the streams, scalar counters
+    (``dim == 1``) of one class with a swappable noise source (``set_noise_source``),
+    the same parameters and the same step count (:meth:`eligible`), and the step count,
+    the first stream's mechanism and each stream's last source after a step.
 
-    ``mechanisms``: the streams (:meth:`eligible` says whether they qualify):
-    each a :class:`~dp_beam.mechanisms.counting.parameters.CounterParameters`
-    with ``dim == 1`` that can swap its noise source (``set_noise_source``),
-    all of one class with the same parameters and step count. A step is each
-    stream's ``set_noise_source(sources[j])`` then ``step(x[j])``, so the
-    mechanisms are stepped in place (:meth:`write_back` has nothing to do).
-    If a stream's step raises, the streams before it have taken the step
-    (each stream's own step leaves it unchanged when it raises).
+    ``mechanism_class``: the exact class a subclass steps (``None``: any such
+    counter). A subclass's ``step(x, sources)`` takes each stream's element
+    ``x[j]`` and noise source ``sources[j]`` and returns each stream's release,
+    what ``m.set_noise_source(sources[j])`` then ``m.step(x[j])`` returns;
+    :meth:`write_back` then gives each mechanism the state of the steps taken
+    (a subclass adds its own part in :meth:`_write_member`).
 
     Privacy cost: none of its own; each stream costs what its mechanism states.
     """
 
-    def __init__(self, mechanisms: Sequence[object]) -> None:
+    mechanism_class: Optional[type] = None
+
+    def __init__(self, mechanisms: Sequence[CounterParameters]) -> None:
         mechanisms = list(mechanisms)
         if not self.eligible(mechanisms):
-            raise ValueError("mechanisms must be one or more scalar counters of one class with "
-                             "set_noise_source, the same parameters and the same step count")
+            name = getattr(self.mechanism_class, "__name__", "scalar counter")
+            raise ValueError(f"mechanisms must be one or more {name} streams of one class with "
+                             "dim 1, the same parameters and the same step count")
         self._members = mechanisms
+        self._template = mechanisms[0]
         self._n = len(mechanisms)
+        self._t = self._template.t
+        self._last_sources = None
 
-    @staticmethod
-    def eligible(mechanisms: Sequence[object]) -> bool:
-        """Whether ``mechanisms`` can be stepped together (see the class docstring)."""
+    @classmethod
+    def eligible(cls, mechanisms: Sequence[object]) -> bool:
+        """Whether ``mechanisms`` can be stepped together by this class."""
         if not mechanisms:
             return False
         first = mechanisms[0]
-        cls = type(first)
+        kind = type(first)
+        if cls.mechanism_class is not None and kind is not cls.mechanism_class:
+            return False
         if not (isinstance(first, CounterParameters) and hasattr(first, "set_noise_source")
-                and first._dim == 1):
+                and first.dim == 1):
             return False
         config, t = first.config, first.t
-        return all(type(m) is cls and m.t == t and m.config == config for m in mechanisms)
+        return all(type(m) is kind and m.t == t and m.config == config for m in mechanisms)
 
     @property
     def t(self) -> int:
-        return self._members[0].t
+        """Steps consumed by every stream."""
+        return self._t
 
     @property
-    def template(self) -> object:
-        """The first stream's mechanism (public functions of the shared parameters)."""
-        return self._members[0]
+    def template(self) -> CounterParameters:
+        """The first stream's mechanism, for the public functions of the shared parameters
+        (``noise_std(t)``, ``ci_halfwidth(t)``, ``name``)."""
+        return self._template
 
     def __len__(self) -> int:
         return self._n
 
+    def _check_step(self, x, sources):
+        n = self._n
+        if len(x) != n or len(sources) != n:
+            raise ValueError(f"x and sources must have one entry per stream ({n}), "
+                             f"got {len(x)} and {len(sources)}")
+
+    def write_back(self) -> None:
+        """Gives every stream's mechanism its state after the steps taken here (and, as after
+        its own steps, the source of its last draw)."""
+        sources = self._last_sources
+        for j, mechanism in enumerate(self._members):
+            mechanism._t = self._t
+            self._write_member(j, mechanism)
+            if sources is not None:
+                mechanism.set_noise_source(sources[j])
+
+    def _write_member(self, j, mechanism):
+        """A subclass's part of :meth:`write_back` for stream j."""
+
+
+class LockstepStreams(Lockstep):
+    """Scalar counting streams (see :class:`Lockstep`), each stepped by its own mechanism,
+    all in one call per step.
+
+    A step is each stream's ``set_noise_source(sources[j])`` then
+    ``step(x[j])``, so the mechanisms are stepped in place. If a stream's step
+    raises, the streams before it have taken the step (each stream's own
+    step leaves it unchanged when it raises).
+
+    Privacy cost: none of its own; each stream costs what its mechanism states.
+    """
+
     def step(self, x: Sequence[float], sources: Sequence[NoiseSource]) -> List[float]:
         """``[m.step(x[j])]`` for each stream j after ``m.set_noise_source(sources[j])``."""
-        _check_step(self._n, x, sources)
+        self._check_step(x, sources)
         out = []
         for mechanism, value, source in zip(self._members, x, sources):
             mechanism.set_noise_source(source)
             out.append(float(mechanism.step(value)))
         return out
 
+    @property
+    def t(self) -> int:
+        """Steps consumed by every stream (the first stream's own count)."""
+        return self._template.t
+
     def write_back(self) -> None:
-        """Nothing to do: every stream was stepped by its own mechanism."""
+        """Nothing to do: every stream was stepped in place by its own mechanism (writing
+        a step count back would undo the steps of a partly failed call)."""
 
 
-def lockstep(mechanisms: Sequence[object]):
-    """The fastest way to step these streams together: :class:`LockstepTrees` for tree
-    streams, :class:`LockstepBLT` for BLT streams, else :class:`LockstepStreams`, or
-    ``None`` when they cannot be."""
-    if LockstepTrees.eligible(mechanisms):
-        return LockstepTrees(mechanisms)
-    if LockstepBLT.eligible(mechanisms):
-        return LockstepBLT(mechanisms)
-    if LockstepStreams.eligible(mechanisms):
-        return LockstepStreams(mechanisms)
+def lockstep_of(mechanisms: Sequence[object]) -> Optional[Lockstep]:
+    """The fastest way to step these streams together:
+    :class:`~dp_beam.mechanisms.counting.tree.LockstepTrees` for tree streams,
+    :class:`~dp_beam.mechanisms.counting.blt.LockstepBLT` for BLT streams, else
+    :class:`LockstepStreams`, or ``None`` when they cannot be."""
+    # Imported here: both build on Lockstep, defined above.
+    from .blt import LockstepBLT
+    from .tree import LockstepTrees
+
+    for cls in (LockstepTrees, LockstepBLT, LockstepStreams):
+        if cls.eligible(mechanisms):
+            return cls(mechanisms)
     return None

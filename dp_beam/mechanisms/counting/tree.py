@@ -22,6 +22,7 @@ from ..noise import NoiseSource, make_noise
 from ..noise_grid import grid_exponent, grid_padded_scale, round_on_exponent, round_to_grid
 from .doubling import epoch_of, epoch_steps, release_intervals, release_levels
 from .intervals import laplace_release_halfwidth
+from .lockstep import Lockstep
 from .parameters import (
     CounterConfig,
     CounterParameters,
@@ -660,11 +661,6 @@ class BinaryTreeMechanism(CounterParameters):
 _EXACT_INT = float(1 << 53)
 
 
-def _config(mechanism):
-    return (mechanism._epsilon, mechanism._sensitivity, mechanism._horizon, mechanism._noise,
-            mechanism._delta, mechanism._calibration)
-
-
 def _round_on_exponent(values: np.ndarray, k: int) -> np.ndarray:
     """:func:`~dp_beam.mechanisms.noise_grid.round_on_exponent` of each element: the same
     exact scaling by 2^-k, rounding half to even and scaling back; an element whose scaled
@@ -680,7 +676,7 @@ def _round_on_exponent(values: np.ndarray, k: int) -> np.ndarray:
     return out
 
 
-class LockstepTrees:
+class LockstepTrees(Lockstep):
     """Scalar :class:`BinaryTreeMechanism` streams of one configuration and step count,
     stepped together (:mod:`~dp_beam.mechanisms.counting.lockstep`).
 
@@ -703,50 +699,19 @@ class LockstepTrees:
     costs what its mechanism states in ``privacy_cost()``.
     """
 
+    mechanism_class = BinaryTreeMechanism
+
     def __init__(self, mechanisms: Sequence[BinaryTreeMechanism]) -> None:
-        mechanisms = list(mechanisms)
-        if not self.eligible(mechanisms):
-            raise ValueError("mechanisms must be one or more BinaryTreeMechanism streams with "
-                             "dim 1, the same parameters and the same step count")
-        self._members = mechanisms
-        template = self._template = mechanisms[0]
-        self._n = len(mechanisms)
-        self._t = template._t
+        super().__init__(mechanisms)
+        template = self._template
         self._horizon = template._horizon
         self._kind = template._noise
         nodes = template._nodes
         # Each stream's node column, as reading its `_nodes` writes back a list-path mirror.
         self._nodes = (None if nodes is None else
-                       np.array([m._nodes[:, 0] for m in mechanisms], dtype=np.float64).T.copy())
+                       np.array([m._nodes[:, 0] for m in self._members], dtype=np.float64).T.copy())
         self._roots = (None if self._horizon is not None else
-                       np.array([m._roots[0] for m in mechanisms], dtype=np.float64))
-        self._last_sources = None
-
-    @staticmethod
-    def eligible(mechanisms: Sequence[object]) -> bool:
-        """Whether ``mechanisms`` can be stepped together (see the class docstring)."""
-        if not mechanisms:
-            return False
-        first = mechanisms[0]
-        if type(first) is not BinaryTreeMechanism or first._dim != 1:
-            return False
-        config, t = _config(first), first._t
-        return all(type(m) is BinaryTreeMechanism and m._dim == 1 and m._t == t
-                   and _config(m) == config for m in mechanisms)
-
-    @property
-    def t(self) -> int:
-        """Steps consumed by every stream."""
-        return self._t
-
-    @property
-    def template(self) -> BinaryTreeMechanism:
-        """The first stream's mechanism, for the public functions of the shared parameters
-        (``noise_std(t)``, ``ci_halfwidth(t)``, ``name``)."""
-        return self._template
-
-    def __len__(self) -> int:
-        return self._n
+                       np.array([m._roots[0] for m in self._members], dtype=np.float64))
 
     def step(self, x: Sequence[float], sources: Sequence[NoiseSource]) -> List[float]:
         """Each stream's next element (``x[j]`` for stream j, finite) in, each stream's noisy
@@ -757,9 +722,7 @@ class LockstepTrees:
         passed, a draw that fails) leaves the streams as they were.
         """
         n = self._n
-        if len(x) != n or len(sources) != n:
-            raise ValueError(f"x and sources must have one entry per stream ({n}), "
-                             f"got {len(x)} and {len(sources)}")
+        self._check_step(x, sources)
         xs = np.array(x, dtype=np.float64)
         if xs.shape != (n,) or not np.isfinite(xs).all():
             raise ValueError("x must be finite numbers, one per stream")
@@ -827,14 +790,8 @@ class LockstepTrees:
             level += 1
         return total
 
-    def write_back(self) -> None:
-        """Gives every stream's mechanism its state after the steps taken here (and, as after
-        its own steps, the source of its last draw)."""
-        t, nodes, roots, sources = self._t, self._nodes, self._roots, self._last_sources
-        for j, mechanism in enumerate(self._members):
-            mechanism._t = t
-            mechanism._nodes = None if nodes is None else np.ascontiguousarray(nodes[:, j:j + 1])
-            if roots is not None:
-                mechanism._roots = roots[j:j + 1].copy()
-            if sources is not None:
-                mechanism.set_noise_source(sources[j])
+    def _write_member(self, j, mechanism):
+        nodes, roots = self._nodes, self._roots
+        mechanism._nodes = None if nodes is None else np.ascontiguousarray(nodes[:, j:j + 1])
+        if roots is not None:
+            mechanism._roots = roots[j:j + 1].copy()

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from dp_beam.mechanisms import BinaryTreeMechanism, SeededNoise, ZeroNoise
-from dp_beam.mechanisms.counting.lockstep import LockstepBLT, LockstepStreams, LockstepTrees, lockstep
+from dp_beam.mechanisms.counting import LockstepBLT, LockstepStreams, LockstepTrees, lockstep_of
 from dp_beam.mechanisms.noise_key import KeyedNoise, NoiseKey
 
 KEY = NoiseKey.from_bytes(bytes(range(32)))
@@ -232,7 +232,7 @@ def test_other_counters_step_together_with_their_own_releases(name, noise, kind,
     own_streams = [_counter(cls, horizon, noise) for _ in range(n)]
     own = _own_steps(own_streams, inputs, _keyed)
     streams = [_counter(cls, horizon, noise) for _ in range(n)]
-    lock = lockstep(streams)
+    lock = lockstep_of(streams)
     assert type(lock).__name__ == kind and lock.template is streams[0]
     got = _lock_steps(lock, inputs, _keyed)
     lock.write_back()
@@ -291,20 +291,20 @@ def test_a_blt_step_whose_draw_raises_leaves_every_stream_unchanged():
 def test_lockstep_picks_the_array_path_for_trees_and_refuses_mixed_streams():
     from dp_beam.mechanisms import BLTMechanism, HonakerTreeMechanism
 
-    assert type(lockstep(_streams(2, 8))) is LockstepTrees
+    assert type(lockstep_of(_streams(2, 8))) is LockstepTrees
     blt = [_counter(BLTMechanism, 8, "gaussian") for _ in range(2)]
-    assert type(lockstep(blt)) is LockstepBLT
+    assert type(lockstep_of(blt)) is LockstepBLT
     assert not LockstepBLT.eligible([]) and not LockstepBLT.eligible(_streams(2, 8))
     honaker = [_counter(HonakerTreeMechanism, 8, "laplace") for _ in range(2)]
-    assert type(lockstep(honaker)) is LockstepStreams
-    assert lockstep([]) is None
-    assert lockstep([_streams(1, 8)[0], blt[0]]) is None                        # classes
-    assert lockstep([blt[0], _counter(BLTMechanism, 16, "gaussian")]) is None    # parameters
-    assert lockstep([BinaryTreeMechanism(1.0, horizon=8, dim=2)] * 2) is None    # vectors
-    assert lockstep([BLTMechanism(1.0, horizon=8, noise="gaussian", delta=1e-6, dim=2)] * 2) is None
+    assert type(lockstep_of(honaker)) is LockstepStreams
+    assert lockstep_of([]) is None
+    assert lockstep_of([_streams(1, 8)[0], blt[0]]) is None                        # classes
+    assert lockstep_of([blt[0], _counter(BLTMechanism, 16, "gaussian")]) is None    # parameters
+    assert lockstep_of([BinaryTreeMechanism(1.0, horizon=8, dim=2)] * 2) is None    # vectors
+    assert lockstep_of([BLTMechanism(1.0, horizon=8, noise="gaussian", delta=1e-6, dim=2)] * 2) is None
     blt[1].set_noise_source(ZeroNoise())
     blt[1].step(1.0)
-    assert lockstep(blt) is None                                                  # step counts
+    assert lockstep_of(blt) is None                                                  # step counts
     with pytest.raises(ValueError, match="same step count"):
         LockstepStreams(blt)
     with pytest.raises(ValueError, match="same step count"):
@@ -313,3 +313,28 @@ def test_lockstep_picks_the_array_path_for_trees_and_refuses_mixed_streams():
         LockstepStreams(blt[:1]).step([1.0, 2.0], [ZeroNoise()])
     with pytest.raises(ValueError, match="one entry per stream"):
         LockstepBLT(blt[:1]).step([1.0, 2.0], [ZeroNoise()])
+
+
+def test_streams_stepped_in_place_keep_a_partly_failed_step_after_write_back():
+    """LockstepStreams steps each mechanism in place: when the second stream's draw raises,
+    the first has taken the step and the others have not, and write_back keeps exactly
+    that (it would undo the first stream's step if it wrote a shared step count back)."""
+    from dp_beam.mechanisms import HonakerTreeMechanism
+
+    class Failing(KeyedNoise):
+        def laplace(self, scale, size=None):
+            raise OverflowError("planted")
+
+        float_noise = laplace
+
+    n = 3
+    inputs = _inputs(n, 4)
+    streams = [_counter(HonakerTreeMechanism, 8, "laplace") for _ in range(n)]
+    lock = LockstepStreams(streams)
+    _lock_steps(lock, inputs[:2], _keyed)
+    bad = [_keyed(j, 2) for j in range(n)]
+    bad[1].__class__ = Failing
+    with pytest.raises(OverflowError, match="planted"):
+        lock.step(inputs[2], bad)
+    lock.write_back()
+    assert [m.t for m in streams] == [3, 2, 2] and lock.t == 3
