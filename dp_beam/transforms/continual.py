@@ -254,6 +254,11 @@ class CounterReleaseSpec(ReleaseSpec):
         return [Release(key, step, start, end, value, noise_std, ci, name, transform, t)
                 for key, value in zip(keys, values)]
 
+    @property
+    def ledger_template(self) -> LedgerEntry:
+        """The ledger entry every stream charges (``key`` set per stream by :meth:`ledger`)."""
+        return self._ledger
+
     def ledger(self, key: Any) -> List[LedgerEntry]:
         return [self._ledger._replace(key=key)]
 
@@ -405,11 +410,15 @@ class _ContinualTotal(beam.PTransform):
     def _release(self, events, aggregates, invalids, units, combine_fn):
         """The ordered release of the per-step ``aggregates`` (partial totals of
         ``combine_fn`` when it is given)."""
-        entry = self.plan_entry(self.label)
-        spec = CounterReleaseSpec(self.label, self._step, self._mechanism, self._config,
-                                  entry, self._monotone, self._grid_exponent)
-        return release_streams(self, events, aggregates, spec, entry, invalids, units=units,
-                               unit=self._unit, combine_fn=combine_fn)
+        spec = self.release_spec(self.label)
+        return release_streams(self, events, aggregates, spec, spec.ledger_template, invalids,
+                               units=units, unit=self._unit, combine_fn=combine_fn)
+
+    def release_spec(self, label: str) -> "CounterReleaseSpec":
+        """What the ordered release of this transform (named ``label``) feeds each stream's
+        mechanism with, and what it releases and charges."""
+        return CounterReleaseSpec(label, self._step, self._mechanism, self._config,
+                                  self.plan_entry(label), self._monotone, self._grid_exponent)
 
 
 class ContinualCount(_ContinualTotal):

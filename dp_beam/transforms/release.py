@@ -407,29 +407,38 @@ class OrderedReleaseDoFn(beam.DoFn):
             if len(group) > 1 and self._per_step_seed() and nxt <= until:
                 results = yield from self._release_lockstep(group, nxt, until)
             if results is None:
-                results = []
                 for firing in group:
-                    results.append((yield from self._release_steps(
+                    # Finished one by one: a stream's restored mechanism is let go before
+                    # the next is restored (holding them all made the collector's passes
+                    # a fifth of a streaming shard's firing).
+                    mechanism, step, done = yield from self._release_steps(
                         firing.key, nxt, until, firing.pending, firing.mechanism,
-                        firing.cells[1], firing.with_log)))
+                        firing.cells[1], firing.with_log)
+                    yield from self._fire_finish(firing, mechanism, step, done, final)
+                continue
             for firing, (mechanism, step, done) in zip(group, results):
                 yield from self._fire_finish(firing, mechanism, step, done, final)
 
-    def _release_lockstep(self, group, nxt, until):
+    def _release_lockstep(self, group, nxt, until, lockstep=None):
         """:meth:`_release_steps` of every stream of ``group`` (all releasing steps
         ``nxt``..``until``, each from its own keyed source at each step), step by step
         across the streams; returns their ``(mechanism, next step, done)``, or ``None``
         (nothing released) when the spec cannot step their mechanisms together. Only
         streams opened by this firing qualify (the batch release's: each fires once);
-        a stored stream is restored and steps on its own."""
+        a stored stream is restored and steps on its own.
+
+        ``lockstep``: the streams of ``group`` (in its order) already held as one
+        (a streaming shard's stored arrays, :mod:`~dp_beam.transforms.shards`); their
+        mechanisms are then ``None``, and the state stays in ``lockstep``."""
         spec = self._spec
         rng = self._rng
         mechanisms = [firing.mechanism for firing in group]
-        if any(mechanism is None for mechanism in mechanisms):
-            return None
-        lockstep = spec.lockstep(mechanisms)
         if lockstep is None:
-            return None
+            if any(mechanism is None for mechanism in mechanisms):
+                return None
+            lockstep = spec.lockstep(mechanisms)
+            if lockstep is None:
+                return None
         keys = [firing.key for firing in group]
         pendings = [firing.pending for firing in group]
         used = [0] * len(group)

@@ -20,6 +20,14 @@ the per-key path, and the releases are bit-for-bit the same for the same
 noise key or test seed (tests/transforms/test_shards.py checks it on
 batch and streaming input).
 
+On streaming input a firing releases one step per stream, and restoring each
+stream's mechanism from its state and writing it back cost more than the step.
+Tree streams that open together (the declared keys of a shard, at the public
+start) are therefore kept as one ``levels × streams`` array (a *group*,
+:meth:`~dp_beam.mechanisms.counting.tree.LockstepTrees.arrays`) and stepped
+from it, with the same records bit for bit; a group breaks up into streams
+with their own states as soon as its streams stop firing together.
+
 Bounded input needs no state or timers at all: every timer of the per-key
 path fires only after all input is in. :class:`BatchShardReleaseDoFn` takes
 a shard's whole input after one ``GroupByKey`` and fires each stream once;
@@ -37,7 +45,7 @@ per-key path and its ``BagState`` log.
 """
 
 import itertools
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Dict, NamedTuple, Optional, Tuple
 
 import apache_beam as beam
 from apache_beam.coders import PickleCoder
@@ -45,6 +53,8 @@ from apache_beam.transforms.timeutil import TimeDomain
 from apache_beam.transforms.userstate import ReadModifyWriteStateSpec, TimerSpec, on_timer
 from apache_beam.utils.timestamp import Timestamp
 
+from dp_beam.mechanisms import ZeroNoise
+from dp_beam.mechanisms.counting import LockstepTrees
 from dp_beam.mechanisms.noise_key import encode_identity
 from dp_beam.transforms.release import LoggedReleaseDoFn, OrderedReleaseDoFn
 from dp_beam.transforms.release_spec import key_label
@@ -102,6 +112,13 @@ class _Timer:
         self._entry.pop("timer", None)
 
 
+class _Column(NamedTuple):
+    """A stream's mechanism cell while its state is column ``index`` of the shard's group
+    ``group`` (:class:`ShardedReleaseDoFn`)."""
+    group: int
+    index: int
+
+
 @beam.typehints.with_output_types(Any)
 class ShardedReleaseDoFn(beam.DoFn):
     """The per-key ordered release of ``inner`` for every stream of a shard, one timer per shard.
@@ -114,9 +131,23 @@ class ShardedReleaseDoFn(beam.DoFn):
     a firing at time F releases every stream due at or before F, each with
     its own due time as the firing time (as its own timer would have fired),
     repeating while a stream re-arms at or before F.
+
+    Streams that open in the same firing and release the same steps (every
+    declared key of the shard, which all open at the public start) are
+    stepped together when the spec can hold them as arrays (tree streams,
+    :meth:`~dp_beam.mechanisms.counting.tree.LockstepTrees.arrays`): they
+    form a *group*, kept in a second cell as one ``levels × streams`` array,
+    and each stream's mechanism cell names its column (:class:`_Column`). A
+    firing then steps the whole group from its arrays, with no state to
+    restore or write per stream. The group lasts while all its streams fire
+    together over the same steps; otherwise each stream gets its own state
+    (the state its own mechanism would have) and is released on its own from
+    then on. The records are the per-key path's either way, bit for bit.
     """
 
     STREAMS = ReadModifyWriteStateSpec("streams", PickleCoder())
+    #: The arrays of the shard's groups of streams stepped together.
+    GROUPS = ReadModifyWriteStateSpec("groups", PickleCoder())
     #: The time the shard's timer is set for (so an element need not scan all streams).
     ARMED = ReadModifyWriteStateSpec("armed", PickleCoder())
     TIMER = TimerSpec("release", TimeDomain.WATERMARK)
@@ -125,6 +156,7 @@ class ShardedReleaseDoFn(beam.DoFn):
         if not isinstance(inner, OrderedReleaseDoFn) or getattr(inner._spec, "uses_log", False):
             raise ValueError("inner must be an OrderedReleaseDoFn over a spec without a log")
         self._inner = inner
+        self._template = None
 
     def setup(self):
         self._inner.setup()
@@ -152,23 +184,136 @@ class ShardedReleaseDoFn(beam.DoFn):
     @on_timer(TIMER)
     def on_release(self, fire=beam.DoFn.TimestampParam,
                    streams_state=beam.DoFn.StateParam(STREAMS),
+                   groups_state=beam.DoFn.StateParam(GROUPS),
                    armed_state=beam.DoFn.StateParam(ARMED),
                    timer=beam.DoFn.TimerParam(TIMER)):
         streams = streams_state.read() or {}
+        groups = groups_state.read() or {}
         now = fire.micros / 1e6
-        for key, entry in streams.items():
-            while entry.get("timer") is not None and entry["timer"] <= now:
-                due = entry.pop("timer")
-                buffer, mechanism, nxt, first, earliest, stream_timer = self._cells(entry)
-                yield from self._inner._fire(key, Timestamp(due), buffer, mechanism, nxt, first,
-                                             earliest, stream_timer)
+        inner = self._inner
+        while True:
+            # The streams due earliest fire first, all at that time (each stream's firings
+            # stay in the order of its due times, as its own timer's would).
+            due = [e["timer"] for e in streams.values()
+                   if e.get("timer") is not None and e["timer"] <= now]
+            if not due:
+                break
+            when = min(due)
+            firings = []
+            for key, entry in streams.items():
+                if entry.get("timer") == when:
+                    del entry["timer"]
+                    stored = entry.get("mechanism")
+                    if stored is not None and not isinstance(stored, _Column):
+                        # A stream with a state of its own fires alone, as on the per-key path.
+                        yield from inner._fire(key, Timestamp(when), *self._cells(entry))
+                        continue
+                    firing = yield from inner._fire_start(key, Timestamp(when),
+                                                          *self._cells(entry))
+                    if firing is not None:
+                        firings.append(firing)
+            yield from self._fire(firings, streams, groups)
         streams_state.write(streams)
+        if groups:
+            groups_state.write(groups)
+        else:
+            groups_state.clear()
         due = [e["timer"] for e in streams.values() if e.get("timer") is not None]
         if due:
             timer.set(min(due))
             armed_state.write(min(due))
         else:
             armed_state.clear()
+
+    def _fire(self, firings, streams, groups):
+        """Completes the started firings: each group whose streams all fire over the same
+        steps from its arrays; streams opened here that can be held as arrays as a new
+        group; every other stream on its own (a group that cannot fire whole gives each
+        of its streams its own state first)."""
+        inner = self._inner
+        members, alone = {}, []
+        for firing in firings:
+            column = firing.cells[1].read()
+            if isinstance(column, _Column):
+                members.setdefault(column.group, {})[column.index] = firing
+            else:
+                alone.append(firing)
+        for gid, by_index in members.items():
+            group = groups[gid]
+            ordered = [by_index.get(j) for j in range(len(group["keys"]))]
+            if all(f is not None for f in ordered) and len(
+                    {(f.nxt, f.until) for f in ordered}) == 1:
+                yield from self._fire_group(gid, group, ordered, streams, groups)
+            else:
+                self._ungroup(gid, streams, groups)
+                alone.extend(ordered[j] for j in sorted(by_index))
+        alone = yield from self._group_opened(alone, streams, groups)
+        yield from inner._fire_together(alone)
+
+    def _fire_group(self, gid, group, firings, streams, groups):
+        """Releases a whole group from its arrays and stores them again."""
+        inner = self._inner
+        nxt, until = firings[0].nxt, firings[0].until
+        lockstep = None
+        if nxt <= until:
+            lockstep = self._group_lockstep(group)
+            results = yield from inner._release_lockstep(firings, nxt, until, lockstep=lockstep)
+            group["arrays"] = lockstep.arrays()
+        else:
+            results = [(None, nxt, False)] * len(firings)
+        for firing, (_, step, done) in zip(firings, results):
+            # The mechanism cell keeps naming the column: no state of its own to write.
+            yield from inner._fire_finish(firing, None, step, done, False)
+        if any(inner._closed(streams[k].get("next")) for k in group["keys"]):
+            # A group whose streams close (the end of the schedule or of the horizon) is
+            # not stepped again; each stream keeps its final state, as on its own.
+            self._ungroup(gid, streams, groups, lockstep)
+
+    def _group_opened(self, firings, streams, groups):
+        """Releases as new groups the streams opened by this firing that release the same
+        steps and that the spec can hold as arrays; returns the other firings."""
+        inner = self._inner
+        if not inner._per_step_seed():
+            return firings
+        by_steps, rest = {}, []
+        for firing in firings:
+            if firing.mechanism is not None and firing.nxt <= firing.until:
+                by_steps.setdefault((firing.nxt, firing.until), []).append(firing)
+            else:
+                rest.append(firing)
+        for (nxt, until), group in by_steps.items():
+            lockstep = (inner._spec.lockstep([f.mechanism for f in group])
+                        if len(group) > 1 else None)
+            if type(lockstep) is not LockstepTrees:
+                rest.extend(group)
+                continue
+            results = yield from inner._release_lockstep(group, nxt, until, lockstep=lockstep)
+            gid = max(groups, default=-1) + 1
+            groups[gid] = {"keys": [f.key for f in group], "arrays": lockstep.arrays()}
+            for j, (firing, (_, step, done)) in enumerate(zip(group, results)):
+                firing.cells[1].write(_Column(gid, j))
+                yield from inner._fire_finish(firing, None, step, done, False)
+            if any(inner._closed(streams[f.key].get("next")) for f in group):
+                self._ungroup(gid, streams, groups, lockstep)
+        return rest
+
+    def _group_lockstep(self, group):
+        """A group's streams, stepped from its arrays."""
+        if self._template is None:
+            # Public parameters only (the spec's configuration): no noise is drawn from it.
+            self._template = self._inner._spec.new_mechanism(ZeroNoise())
+        return LockstepTrees.from_arrays(self._template, group["arrays"])
+
+    def _ungroup(self, gid, streams, groups, lockstep=None):
+        """Gives each stream of group ``gid`` its own state (its column, as its own
+        mechanism's state) and drops the group."""
+        group = groups.pop(gid)
+        if lockstep is None:
+            lockstep = self._group_lockstep(group)
+        for j, key in enumerate(group["keys"]):
+            entry = streams.get(key)
+            if entry is not None and entry.get("mechanism") == _Column(gid, j):
+                entry["mechanism"] = lockstep.stream_state(j)
 
 
 @beam.typehints.with_output_types(Any)

@@ -2,11 +2,17 @@
 
 import apache_beam as beam
 import pytest
+from apache_beam import pvalue
 from apache_beam.testing import test_stream
+from apache_beam.utils.timestamp import Timestamp
 
 import dp_beam as dpb
-from dp_beam.transforms.shards import KEYS_PER_SHARD, default_shards, shard_of
+from dp_beam.transforms.release import OrderedReleaseDoFn
+from dp_beam.transforms.schedule import StreamStart
+from dp_beam.transforms.shards import (KEYS_PER_SHARD, ShardedReleaseDoFn, _Column, default_shards,
+                                       shard_of)
 from tests.beam_util import batch_options, collect, streaming_options
+from tests.fake_state import Bag, Cell, Timer
 
 HOUR = 3600.0
 KEY = dpb.NoiseKey.from_bytes(bytes(range(32)))
@@ -340,3 +346,156 @@ def test_windowed_batch_input_is_released_once_per_step_by_shards(make):
     assert len(sharded[0]) == keys * steps
     assert sharded[0] == per_key[0] and sharded[1] == per_key[1]
     assert sorted(r[:2] for r in sharded[2]) == sorted(r[:2] for r in per_key[2])
+
+
+# ------------------------------------------------ streaming shards: tree streams held as arrays
+
+def _streaming_inner(horizon=None, end_step=None, **options):
+    """The per-key release DoFn of a ContinualCount (tree by default), unbounded input."""
+    count = dpb.ContinualCount(epsilon=1.0, step=HOUR, start=0, horizon=horizon,
+                               **{"noise_key": KEY, **options})
+    return OrderedReleaseDoFn(count.release_spec("count"), bounded=False, end_step=end_step,
+                              seed=count._seed, noise_key=count._noise_key)
+
+
+class _ShardCells:
+    """A ShardedReleaseDoFn and its shard's state cells and timer (tests/fake_state.py)."""
+
+    def __init__(self, inner):
+        self.dofn = ShardedReleaseDoFn(inner)
+        self.dofn.setup()
+        self.streams, self.groups, self.armed, self.timer = Cell(), Cell(), Cell(), Timer()
+
+    def send(self, key, step, aggregate):
+        return list(self.dofn.process((0, (key, (step, aggregate))), self.streams, self.armed,
+                                      self.timer))
+
+    def fire(self, at):
+        return list(self.dofn.on_release(Timestamp.of(at), self.streams, self.groups,
+                                         self.armed, self.timer))
+
+
+class _PerKeyCells:
+    """The per-key DoFn with one set of cells and a timer per key, fired as a runner would."""
+
+    def __init__(self, inner):
+        self.dofn = inner
+        inner.setup()
+        self.cells = {}
+
+    def send(self, key, step, aggregate):
+        cells = self.cells.setdefault(key, (Bag(), Cell(), Cell(), Cell(), Cell(), Timer()))
+        buffer, _, nxt, first, earliest, timer = cells
+        return list(self.dofn._process((key, (step, aggregate)), buffer, nxt, first, earliest,
+                                       timer))
+
+    def fire(self, at):
+        out = []
+        for key, cells in self.cells.items():
+            timer = cells[5]
+            while timer.at is not None and float(timer.at) <= at:
+                due, timer.at = float(timer.at), None
+                out += self.dofn._fire(key, Timestamp.of(due), *cells)
+        return out
+
+
+def _outputs(outputs):
+    """Every release, ledger entry and dead letter of a firing, in a canonical order."""
+    def payload(value):
+        return getattr(value, "value", value)
+
+    releases = sorted(tuple(o.value) for o in outputs if not isinstance(o, pvalue.TaggedOutput))
+    tagged = sorted((o.tag, repr(payload(o.value))) for o in outputs
+                    if isinstance(o, pvalue.TaggedOutput))
+    return releases, tagged
+
+
+def _drive(cells, plan):
+    """Runs ``plan`` (``("send", key, step, aggregate)`` / ``("fire", seconds)``) on ``cells``;
+    the outputs of each action."""
+    return [_outputs(cells.send(*action[1:]) if action[0] == "send" else cells.fire(action[1]))
+            for action in plan]
+
+
+def _plan(keys, steps, late=(), jumps=()):
+    """Stream markers, then per step each key's total (key j has j % 3 events), and a firing
+    at the step's end (or only at the ends in ``jumps``, when given); ``late`` adds
+    (key, step, at step) aggregates that arrive after their step was released."""
+    plan = [("send", k, 0, StreamStart()) for k in keys]
+    for s in range(steps):
+        plan += [("send", k, s, (float(j % 3) + 0.25 * s, j % 3)) for j, k in enumerate(keys)
+                 if j % 3]
+        plan += [("send", k, step, (1.0, 1)) for k, step, at in late if at == s]
+        if not jumps or s in jumps:
+            plan.append(("fire", (s + 1) * HOUR))
+    return plan
+
+
+@pytest.mark.parametrize("horizon,end_step", [(None, None), (None, 12), (16, None), (5, None)],
+                         ids=["unbounded", "schedule-end", "horizon", "horizon-closes"])
+def test_streaming_shard_steps_its_tree_streams_from_one_array(horizon, end_step):
+    """Streams that open together are held as one group: the shard's state keeps their nodes
+    as one levels × streams array and each stream's mechanism cell names its column, not a
+    state of its own. Every firing's records are the per-key path's, bit for bit; streams
+    that close (schedule end, horizon) leave the group with their own final state."""
+    keys = [f"k{j}" for j in range(7)]
+    plan = _plan(keys, 12, late=[("k1", 2, 4)], jumps=(0, 1, 4, 5, 6, 8, 11))
+    # With a horizon the default is the smooth binary mechanism: the tree is asked for.
+    shard = _ShardCells(_streaming_inner(horizon, end_step, mechanism="tree"))
+    per_key = _PerKeyCells(_streaming_inner(horizon, end_step, mechanism="tree"))
+    got, expected = _drive(shard, plan[:len(keys) + 6]), _drive(per_key, plan[:len(keys) + 6])
+    assert got == expected
+    groups = shard.groups.read()
+    [(gid, group)] = groups.items()
+    assert group["keys"] == keys
+    arrays = group["arrays"]
+    nodes = arrays["nodes"] if arrays["nodes"] is not None else arrays["roots"][None, :]
+    assert nodes.shape[1] == len(keys)
+    streams = shard.streams.read()
+    assert [streams[k]["mechanism"] for k in keys] == [_Column(gid, j) for j in range(len(keys))]
+    rest = plan[len(keys) + 6:]
+    assert _drive(shard, rest) == _drive(per_key, rest)
+    streams = shard.streams.read()
+    if end_step is None and (horizon is None or horizon > 12):
+        assert len(shard.groups.read()) == 1
+    else:
+        # Closed streams: the group is gone, each stream keeps its own state, the per-key one.
+        assert shard.groups.read() is None
+        for j, k in enumerate(keys):
+            assert streams[k]["mechanism"] == per_key.cells[k][1].read()
+
+
+def test_a_streaming_group_that_cannot_fire_whole_gives_its_streams_their_own_state():
+    """A stream of a group that fires apart from the others (here: its timer moved by hand,
+    as a stream that diverges would) breaks the group up: each stream continues from its
+    own state, with the per-key path's records."""
+    keys = [f"k{j}" for j in range(4)]
+    plan = _plan(keys, 8)
+    shard = _ShardCells(_streaming_inner())
+    per_key = _PerKeyCells(_streaming_inner())
+    assert _drive(shard, plan[:len(keys) + 10]) == _drive(per_key, plan[:len(keys) + 10])
+    assert len(shard.groups.read()) == 1
+    streams = shard.streams.read()
+    # k2 fires one step later than the others (its per-key twin too).
+    streams["k2"]["timer"] += HOUR
+    per_key.cells["k2"][5].at = Timestamp.of(float(per_key.cells["k2"][5].at) + HOUR)
+    rest = plan[len(keys) + 10:]
+    assert _drive(shard, rest) == _drive(per_key, rest)
+    assert shard.groups.read() is None
+    assert all(isinstance(shard.streams.read()[k]["mechanism"], dict) for k in keys)
+
+
+@pytest.mark.parametrize("options", [
+    lambda: dict(noise="gaussian", delta=1e-6), lambda: dict(monotone=True),
+    lambda: dict(rng=dpb.mechanisms.SeededNoise(3))], ids=["blt", "monotone", "shared-source"])
+def test_streaming_streams_that_cannot_be_held_as_arrays_keep_their_own_state(options):
+    """BLT streams and monotone releases have no array form, and streams drawing from one
+    shared test source (not a source per step) are not stepped together: each stream
+    keeps its own state; the records are still the per-key path's."""
+    keys = [f"k{j}" for j in range(4)]
+    plan = _plan(keys, 5)
+    shard = _ShardCells(_streaming_inner(**options()))
+    per_key = _PerKeyCells(_streaming_inner(**options()))
+    assert _drive(shard, plan) == _drive(per_key, plan)
+    assert shard.groups.read() is None
+    assert all(isinstance(shard.streams.read()[k]["mechanism"], dict) for k in keys)

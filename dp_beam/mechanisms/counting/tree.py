@@ -18,7 +18,7 @@ import numpy as np
 from ...accounting.cost import Cost
 from ..calibration import noise_scale
 from ..halfwidths import gaussian_halfwidth
-from ..noise import NoiseSource, make_noise
+from ..noise import NoiseSource, ZeroNoise, make_noise
 from ..noise_grid import grid_exponent, grid_padded_scale, round_on_exponent, round_to_grid
 from .doubling import epoch_of, epoch_steps, release_intervals, release_levels
 from .intervals import laplace_release_halfwidth
@@ -795,3 +795,55 @@ class LockstepTrees(Lockstep):
         mechanism._nodes = None if nodes is None else np.ascontiguousarray(nodes[:, j:j + 1])
         if roots is not None:
             mechanism._roots = roots[j:j + 1].copy()
+
+    # -- the streams held as arrays only -----------------------------------------
+
+    def arrays(self) -> Dict[str, Any]:
+        """Every stream's state in three fields: the step count ``t``, the ``levels ×
+        streams`` ``nodes`` (``None`` between two epochs of unbounded trees) and the
+        unbounded trees' ``roots`` (``None`` with a horizon). :meth:`from_arrays` takes
+        it back; a streaming shard stores it instead of one state per stream
+        (:mod:`~dp_beam.transforms.shards`). The arrays are not copied: a step replaces
+        them rather than writing into them."""
+        return {"t": self._t, "nodes": self._nodes, "roots": self._roots}
+
+    @classmethod
+    def from_arrays(cls, template: BinaryTreeMechanism, arrays: Dict[str, Any]) -> "LockstepTrees":
+        """The streams of :meth:`arrays`, without a mechanism per stream.
+
+        ``template``: a ``BinaryTreeMechanism`` with the streams' parameters (``dim``
+        1; its own step count and nodes are not read). It steps and releases as the
+        instance the arrays came from; :meth:`write_back` has no mechanism to write
+        to, and :meth:`stream_state` gives a stream's state as its own mechanism's
+        ``to_state()`` would.
+        """
+        if type(template) is not BinaryTreeMechanism or template.dim != 1:
+            raise ValueError("template must be a BinaryTreeMechanism with dim 1")
+        t, nodes, roots = arrays["t"], arrays["nodes"], arrays["roots"]
+        horizon = template._horizon
+        if horizon is not None:
+            ok = (roots is None and nodes is not None and nodes.ndim == 2
+                  and nodes.shape[0] == horizon.bit_length() and 0 <= t <= horizon)
+        else:
+            ok = roots is not None and roots.ndim == 1 and (
+                nodes is None or (nodes.ndim == 2 and nodes.shape[1] == roots.shape[0]))
+        if not ok:
+            raise ValueError("arrays must hold t, nodes and roots as LockstepTrees.arrays() "
+                             "gives them for the template's horizon")
+        self = cls.__new__(cls)
+        self._members = []
+        self._template = template
+        self._n = int(nodes.shape[1] if nodes is not None else roots.shape[0])
+        self._t = int(t)
+        self._last_sources = None
+        self._horizon = horizon
+        self._kind = template._noise
+        self._nodes, self._roots = nodes, roots
+        return self
+
+    def stream_state(self, j: int) -> Dict[str, Any]:
+        """Stream j's state: what its own mechanism's ``to_state()`` gives after the same steps."""
+        mechanism = BinaryTreeMechanism.from_config(self._template.config, rng=ZeroNoise())
+        mechanism._t = self._t
+        self._write_member(j, mechanism)
+        return mechanism.to_state()
