@@ -499,3 +499,19 @@ def test_streaming_streams_that_cannot_be_held_as_arrays_keep_their_own_state(op
     assert _drive(shard, plan) == _drive(per_key, plan)
     assert shard.groups.read() is None
     assert all(isinstance(shard.streams.read()[k]["mechanism"], dict) for k in keys)
+
+
+@pytest.mark.parametrize("noise", ["laplace", "gaussian"])
+def test_the_streaming_release_benchmark_compares_the_same_releases(noise, capsys):
+    """benchmarks/streaming_release.py drives both release DoFns over several shards (130 keys:
+    two shards) and stops if their releases differ; a short run must get through."""
+    import importlib.util
+    import os
+
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(
+        __file__)))), "benchmarks", "streaming_release.py")
+    spec = importlib.util.spec_from_file_location("streaming_release", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    module.main(["--keys", "130", "--steps", "5", "--repeats", "1", "--noise", noise])
+    assert "the same releases" in capsys.readouterr().out
