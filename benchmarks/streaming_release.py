@@ -17,10 +17,10 @@ events per key and step, the same aggregates in every case:
   stream and step, which restores the stream's mechanism from its state,
   steps it and writes the state back;
 * ``sharded``: the default shards (K // 64): one cell per shard holding its
-  streams' entries, one firing per shard and step; tree streams that opened
-  together are kept as one array (``LockstepTrees.arrays``) and stepped from
-  it, other mechanisms (BLT with ``--noise gaussian``) as the per-key firing
-  does, stream by stream.
+  streams' entries, one firing per shard and step; the streams (tree, or BLT
+  with ``--noise gaussian``) opened together are kept as arrays with a column
+  per stream (``LockstepTrees.arrays``, ``LockstepBLT.arrays``) and stepped
+  from them.
 
 Only the firings are timed (process CPU time); the per-element calls that
 buffer the aggregates are not. The records of both cases are compared (the

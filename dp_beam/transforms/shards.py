@@ -22,11 +22,12 @@ batch and streaming input).
 
 On streaming input a firing releases one step per stream, and restoring each
 stream's mechanism from its state and writing it back cost more than the step.
-Tree streams that open together (the declared keys of a shard, at the public
-start) are therefore kept as one ``levels × streams`` array (a *group*,
-:meth:`~dp_beam.mechanisms.counting.tree.LockstepTrees.arrays`) and stepped
-from it, with the same records bit for bit; a group breaks up into streams
-with their own states as soon as its streams stop firing together.
+Tree and BLT streams that open together (the declared keys of a shard, at the
+public start) are therefore kept as arrays with a column per stream (a
+*group*, :meth:`~dp_beam.mechanisms.counting.tree.LockstepTrees.arrays`,
+:meth:`~dp_beam.mechanisms.counting.blt.LockstepBLT.arrays`) and stepped from
+them, with the same records bit for bit; a group breaks up into streams with
+their own states as soon as its streams stop firing together.
 
 Bounded input needs no state or timers at all: every timer of the per-key
 path fires only after all input is in. :class:`BatchShardReleaseDoFn` takes
@@ -54,7 +55,8 @@ from apache_beam.transforms.userstate import ReadModifyWriteStateSpec, TimerSpec
 from apache_beam.utils.timestamp import Timestamp
 
 from dp_beam.mechanisms import ZeroNoise
-from dp_beam.mechanisms.counting import LockstepTrees
+from dp_beam.mechanisms.counting import (BinaryTreeMechanism, BLTMechanism, LockstepBLT,
+                                         LockstepTrees)
 from dp_beam.mechanisms.noise_key import encode_identity
 from dp_beam.transforms.release import LoggedReleaseDoFn, OrderedReleaseDoFn
 from dp_beam.transforms.release_spec import key_label
@@ -112,6 +114,11 @@ class _Timer:
         self._entry.pop("timer", None)
 
 
+#: The ways of stepping streams together that can hold them as arrays only, by the exact
+#: class of the mechanisms they step.
+_ARRAY_LOCKSTEPS = {BinaryTreeMechanism: LockstepTrees, BLTMechanism: LockstepBLT}
+
+
 class _Column(NamedTuple):
     """A stream's mechanism cell while its state is column ``index`` of the shard's group
     ``group`` (:class:`ShardedReleaseDoFn`)."""
@@ -134,10 +141,10 @@ class ShardedReleaseDoFn(beam.DoFn):
 
     Streams that open in the same firing and release the same steps (every
     declared key of the shard, which all open at the public start) are
-    stepped together when the spec can hold them as arrays (tree streams,
-    :meth:`~dp_beam.mechanisms.counting.tree.LockstepTrees.arrays`): they
-    form a *group*, kept in a second cell as one ``levels × streams`` array,
-    and each stream's mechanism cell names its column (:class:`_Column`). A
+    stepped together when the spec can hold them as arrays (tree and BLT
+    streams, ``LockstepTrees.arrays``, ``LockstepBLT.arrays``): they form a
+    *group*, kept in a second cell as arrays with a column per stream, and
+    each stream's mechanism cell names its column (:class:`_Column`). A
     firing then steps the whole group from its arrays, with no state to
     restore or write per stream. The group lasts while all its streams fire
     together over the same steps; otherwise each stream gets its own state
@@ -284,7 +291,7 @@ class ShardedReleaseDoFn(beam.DoFn):
         for (nxt, until), group in by_steps.items():
             lockstep = (inner._spec.lockstep([f.mechanism for f in group])
                         if len(group) > 1 else None)
-            if type(lockstep) is not LockstepTrees:
+            if type(lockstep) not in _ARRAY_LOCKSTEPS.values():
                 rest.extend(group)
                 continue
             results = yield from inner._release_lockstep(group, nxt, until, lockstep=lockstep)
@@ -299,10 +306,11 @@ class ShardedReleaseDoFn(beam.DoFn):
 
     def _group_lockstep(self, group):
         """A group's streams, stepped from its arrays."""
-        if self._template is None:
+        template = self._template
+        if template is None:
             # Public parameters only (the spec's configuration): no noise is drawn from it.
-            self._template = self._inner._spec.new_mechanism(ZeroNoise())
-        return LockstepTrees.from_arrays(self._template, group["arrays"])
+            template = self._template = self._inner._spec.new_mechanism(ZeroNoise())
+        return _ARRAY_LOCKSTEPS[type(template)].from_arrays(template, group["arrays"])
 
     def _ungroup(self, gid, streams, groups, lockstep=None):
         """Gives each stream of group ``gid`` its own state (its column, as its own

@@ -431,26 +431,32 @@ def _plan(keys, steps, late=(), jumps=()):
     return plan
 
 
+#: The mechanisms a streaming shard holds as arrays. With a horizon the default with Laplace
+#: noise is the smooth binary mechanism: the tree is asked for; BLT is Gaussian's default.
+_ARRAY_KINDS = {"tree": dict(mechanism="tree"), "blt": dict(noise="gaussian", delta=1e-6)}
+
+
+@pytest.mark.parametrize("kind", sorted(_ARRAY_KINDS))
 @pytest.mark.parametrize("horizon,end_step", [(None, None), (None, 12), (16, None), (5, None)],
                          ids=["unbounded", "schedule-end", "horizon", "horizon-closes"])
-def test_streaming_shard_steps_its_tree_streams_from_one_array(horizon, end_step):
-    """Streams that open together are held as one group: the shard's state keeps their nodes
-    as one levels × streams array and each stream's mechanism cell names its column, not a
+def test_streaming_shard_steps_its_streams_from_one_array(kind, horizon, end_step):
+    """Tree or BLT streams that open together are held as one group: the shard's state keeps
+    them as arrays with a column per stream (tree nodes; BLT's float buffers, its integer
+    buffers a list per stream) and each stream's mechanism cell names its column, not a
     state of its own. Every firing's records are the per-key path's, bit for bit; streams
     that close (schedule end, horizon) leave the group with their own final state."""
     keys = [f"k{j}" for j in range(7)]
     plan = _plan(keys, 12, late=[("k1", 2, 4)], jumps=(0, 1, 4, 5, 6, 8, 11))
-    # With a horizon the default is the smooth binary mechanism: the tree is asked for.
-    shard = _ShardCells(_streaming_inner(horizon, end_step, mechanism="tree"))
-    per_key = _PerKeyCells(_streaming_inner(horizon, end_step, mechanism="tree"))
+    shard = _ShardCells(_streaming_inner(horizon, end_step, **_ARRAY_KINDS[kind]))
+    per_key = _PerKeyCells(_streaming_inner(horizon, end_step, **_ARRAY_KINDS[kind]))
     got, expected = _drive(shard, plan[:len(keys) + 6]), _drive(per_key, plan[:len(keys) + 6])
     assert got == expected
     groups = shard.groups.read()
     [(gid, group)] = groups.items()
     assert group["keys"] == keys
     arrays = group["arrays"]
-    nodes = arrays["nodes"] if arrays["nodes"] is not None else arrays["roots"][None, :]
-    assert nodes.shape[1] == len(keys)
+    columns = next(arrays[f] for f in ("nodes", "floats", "roots") if arrays.get(f) is not None)
+    assert columns.shape[-1] == len(keys)
     streams = shard.streams.read()
     assert [streams[k]["mechanism"] for k in keys] == [_Column(gid, j) for j in range(len(keys))]
     rest = plan[len(keys) + 6:]
@@ -486,12 +492,12 @@ def test_a_streaming_group_that_cannot_fire_whole_gives_its_streams_their_own_st
 
 
 @pytest.mark.parametrize("options", [
-    lambda: dict(noise="gaussian", delta=1e-6), lambda: dict(monotone=True),
-    lambda: dict(rng=dpb.mechanisms.SeededNoise(3))], ids=["blt", "monotone", "shared-source"])
+    lambda: dict(mechanism="honaker"), lambda: dict(monotone=True),
+    lambda: dict(rng=dpb.mechanisms.SeededNoise(3))], ids=["honaker", "monotone", "shared-source"])
 def test_streaming_streams_that_cannot_be_held_as_arrays_keep_their_own_state(options):
-    """BLT streams and monotone releases have no array form, and streams drawing from one
-    shared test source (not a source per step) are not stepped together: each stream
-    keeps its own state; the records are still the per-key path's."""
+    """Other counters (Honaker's) and monotone releases have no array form, and streams
+    drawing from one shared test source (not a source per step) are not stepped together:
+    each stream keeps its own state; the records are still the per-key path's."""
     keys = [f"k{j}" for j in range(4)]
     plan = _plan(keys, 5)
     shard = _ShardCells(_streaming_inner(**options()))

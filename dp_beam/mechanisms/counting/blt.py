@@ -30,6 +30,7 @@ from typing import Any, Dict, Optional, Sequence, Tuple, Union
 import numpy as np
 from scipy import optimize
 
+from ..noise import ZeroNoise
 from ..state import StateRecord
 from .factorisation import FactorisationMechanism
 from .integer_units import Lanes, dyadic, from_unit, from_units, round_div_pow2, to_unit, to_units
@@ -727,6 +728,9 @@ class LockstepBLT(Lockstep):
         self._floats = (None if cores[0] is None else np.array(
             [c["floats"] if "floats" in c else c["buffers"][:, 0].tolist() + c["total"].tolist()
              for c in cores], dtype=np.float64).T.copy())
+        # The streams' own cores (their integer buffers are stepped in place), None between
+        # two epochs of unbounded streams.
+        self._cores = None if cores[0] is None else cores
         self._roots = (None if self._horizon is not None else
                        np.array([m._roots[0] for m in self._members], dtype=np.float64))
 
@@ -756,8 +760,7 @@ class LockstepBLT(Lockstep):
             cores = [template._core_new(plan) for _ in range(n)]
             floats = np.zeros((plan.buffers + 1, n))
         else:
-            cores = [m._core for m in self._members]
-            floats = self._floats
+            cores, floats = self._cores, self._floats
         right_step = BLTMechanism._scalar_right_step
         y = np.array([from_unit(right_step(plan, core, to_unit(v, exponent), z), exponent)
                       for core, v, z in zip(cores, x, noise)], dtype=np.float64)
@@ -766,6 +769,7 @@ class LockstepBLT(Lockstep):
         total = floats[-1] + u
         floats = np.vstack([buffers * np.array(plan.theta_list)[:, None] + u, total])
         if new_epoch:
+            self._cores = cores
             for member, core in zip(self._members, cores):
                 member._core = core
         self._t = t
@@ -777,7 +781,7 @@ class LockstepBLT(Lockstep):
         if t == start + length - 1:
             # The epoch is complete: its release becomes the roots, its core is dropped.
             self._roots = value
-            self._floats = None
+            self._floats = self._cores = None
             for member in self._members:
                 member._core = None
         else:
@@ -789,3 +793,73 @@ class LockstepBLT(Lockstep):
             mechanism._core["floats"] = self._floats[:, j].tolist()
         if self._roots is not None:
             mechanism._roots = self._roots[j:j + 1].copy()
+
+    # -- the streams held as arrays only -----------------------------------------
+
+    def arrays(self) -> Dict[str, Any]:
+        """Every stream's state in four fields: the step count ``t``, the integer buffers
+        ``right`` (a list per stream of its ints, one per buffer: they hold about 64 bits,
+        so they stay Python ints), the ``(buffers + 1) × streams`` ``floats`` (the float
+        buffers, then the running release) and the unbounded streams' ``roots`` (``None``
+        with a horizon); ``right`` and ``floats`` are ``None`` between two epochs of
+        unbounded streams. :meth:`from_arrays` takes it back (a streaming shard stores it,
+        :mod:`~dp_beam.transforms.shards`)."""
+        right = (None if self._cores is None else
+                 [[buf[0] for buf in core["right"]] for core in self._cores])
+        return {"t": self._t, "right": right, "floats": self._floats, "roots": self._roots}
+
+    @classmethod
+    def from_arrays(cls, template: BLTMechanism, arrays: Dict[str, Any]) -> "LockstepBLT":
+        """The streams of :meth:`arrays`, without a mechanism per stream.
+
+        ``template``: a ``BLTMechanism`` with the streams' parameters (``dim`` 1; its own
+        step count and buffers are not read). It steps and releases as the instance
+        the arrays came from; :meth:`write_back` has no mechanism to write to, and
+        :meth:`stream_state` gives a stream's state as its own mechanism's ``to_state()``
+        would.
+        """
+        if type(template) is not BLTMechanism or template.dim != 1:
+            raise ValueError("template must be a BLTMechanism with dim 1")
+        t, right, floats, roots = arrays["t"], arrays["right"], arrays["floats"], arrays["roots"]
+        horizon = template._horizon
+        n = len(right) if right is not None else (len(roots) if roots is not None else 0)
+        if horizon is not None:
+            ok = roots is None and right is not None and 0 <= t <= horizon
+            length = horizon
+        else:
+            ok = roots is not None and roots.ndim == 1 and (right is None) == (floats is None)
+            length = template._epoch_of(t)[2] if t >= 1 else None
+        if ok and right is not None:
+            buffers = template._plan_of(length).buffers
+            ok = (n > 0 and floats.shape == (buffers + 1, n)
+                  and all(len(row) == buffers for row in right))
+        if not ok or n < 1:
+            raise ValueError("arrays must hold t, right, floats and roots as LockstepBLT.arrays() "
+                             "gives them for the template's horizon")
+        self = cls.__new__(cls)
+        self._members = []
+        self._template = template
+        self._n = n
+        self._t = int(t)
+        self._last_sources = None
+        self._horizon = horizon
+        self._kind = template._noise
+        self._cores = (None if right is None else
+                       [{"right": [[v] for v in row]} for row in right])
+        self._floats, self._roots = floats, roots
+        return self
+
+    def stream_state(self, j: int) -> Dict[str, Any]:
+        """Stream j's state: what its own mechanism's ``to_state()`` gives after the same steps."""
+        template = self._template
+        mechanism = BLTMechanism.from_config(template.config, rng=ZeroNoise())
+        mechanism._t = self._t
+        if self._cores is None:
+            mechanism._core = None
+        else:
+            length = self._horizon if self._horizon is not None else template._epoch_of(self._t)[2]
+            core = mechanism._core_new(template._plan_of(length))
+            core["right"] = [list(buf) for buf in self._cores[j]["right"]]
+            mechanism._core = core
+        self._write_member(j, mechanism)
+        return mechanism.to_state()

@@ -32,6 +32,10 @@ still made one by one: each is an exact sampler on its stream's own keyed
 stream (``docs/privacy/counting.md``, C-3, C-9). Nothing about the privacy
 argument changes: this is an evaluation order, not a mechanism.
 
+Tree and BLT streams can also live as their arrays alone (``arrays()``,
+``from_arrays(template, arrays)``, ``stream_state(j)``): a streaming shard
+stores those between its firings instead of one state per stream.
+
 >>> from dp_beam.mechanisms import BinaryTreeMechanism, ZeroNoise
 >>> trees = [BinaryTreeMechanism(1.0, horizon=8, rng=ZeroNoise()) for _ in range(2)]
 >>> from dp_beam.mechanisms.counting import LockstepTrees

@@ -341,27 +341,35 @@ def test_streams_stepped_in_place_keep_a_partly_failed_step_after_write_back():
     assert [m.t for m in streams] == [3, 2, 2] and lock.t == 3
 
 
+def _blt_streams(n, horizon):
+    from dp_beam.mechanisms import BLTMechanism
+
+    return [_counter(BLTMechanism, horizon, "gaussian") for _ in range(n)]
+
+
+@pytest.mark.parametrize("kind", ["tree", "blt"])
 @pytest.mark.parametrize("horizon,steps,cut", [(72, 72, 0), (72, 72, 30), (None, 130, 0),
                                                (None, 130, 63), (None, 130, 64), (None, 130, 65)])
-def test_streams_held_as_arrays_continue_and_split_bit_for_bit(horizon, steps, cut):
-    """A streaming shard keeps its tree streams as their arrays only: rebuilt from
+def test_streams_held_as_arrays_continue_and_split_bit_for_bit(kind, horizon, steps, cut):
+    """A streaming shard keeps its tree or BLT streams as their arrays only: rebuilt from
     ``arrays()`` at every step (no mechanism per stream), they release each stream's own
     values, and ``stream_state(j)`` is stream j's own ``to_state()`` after the same steps,
-    at any step (unbounded: at and around an epoch's end, when the nodes are None)."""
+    at any step (unbounded: at and around an epoch's end, between two epochs)."""
+    make, cls = (_streams, LockstepTrees) if kind == "tree" else (_blt_streams, LockstepBLT)
     n = 4
     inputs = _inputs(n, steps)
-    own = [_streams(1, horizon)[0] for _ in range(n)]
-    expected = _own_steps(own[:], inputs[:cut], _keyed)
+    own = make(n, horizon)
+    expected = _own_steps(own, inputs[:cut], _keyed)
     states_at_cut = [m.to_state() for m in own]
     expected += _own_steps(own, inputs[cut:], _keyed, first=cut)
-    template = _streams(1, horizon)[0]
-    lock = LockstepTrees(_streams(n, horizon))
+    template = make(1, horizon)[0]
+    lock = cls(make(n, horizon))
     got = []
     for s, row in enumerate(inputs):
         if s == cut:
             assert [lock.stream_state(j) for j in range(n)] == states_at_cut
         arrays = pickle.loads(pickle.dumps(lock.arrays()))      # as a state cell stores it
-        lock = LockstepTrees.from_arrays(template, arrays)
+        lock = cls.from_arrays(template, arrays)
         got.append(lock.step(row, [_keyed(j, s) for j in range(n)]))
     assert _bits(got) == _bits(expected)
     assert [lock.stream_state(j) for j in range(n)] == [m.to_state() for m in own]
@@ -387,3 +395,18 @@ def test_arrays_are_checked_against_the_template():
         LockstepTrees.from_arrays(_streams(1, None)[0], bounded)
     with pytest.raises(ValueError, match="arrays"):
         LockstepTrees.from_arrays(_streams(1, 8)[0], {**bounded, "t": 9})
+    blt_bounded = LockstepBLT(_blt_streams(3, 8)).arrays()
+    blt_unbounded = LockstepBLT(_blt_streams(3, None)).arrays()
+    with pytest.raises(ValueError, match="template"):
+        LockstepBLT.from_arrays(_streams(1, 8)[0], blt_bounded)
+    with pytest.raises(ValueError, match="arrays"):
+        LockstepBLT.from_arrays(_blt_streams(1, 8)[0], {**blt_bounded, "t": 9})
+    with pytest.raises(ValueError, match="arrays"):
+        LockstepBLT.from_arrays(_blt_streams(1, 8)[0],
+                                {**blt_bounded, "floats": blt_bounded["floats"][1:]})
+    with pytest.raises(ValueError, match="arrays"):
+        LockstepBLT.from_arrays(_blt_streams(1, 8)[0], blt_unbounded)
+    with pytest.raises(ValueError, match="arrays"):
+        LockstepBLT.from_arrays(_blt_streams(1, None)[0], blt_bounded)
+    with pytest.raises(ValueError, match="arrays"):
+        LockstepBLT.from_arrays(_blt_streams(1, 8)[0], {**blt_bounded, "right": []})
