@@ -836,12 +836,7 @@ class LockstepBLT(Lockstep):
         if not ok or n < 1:
             raise ValueError("arrays must hold t, right, floats and roots as LockstepBLT.arrays() "
                              "gives them for the template's horizon")
-        self = cls.__new__(cls)
-        self._members = []
-        self._template = template
-        self._n = n
-        self._t = int(t)
-        self._last_sources = None
+        self = cls._without_members(template, n, t)
         self._horizon = horizon
         self._kind = template._noise
         self._cores = (None if right is None else

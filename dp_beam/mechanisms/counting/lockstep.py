@@ -85,6 +85,18 @@ class Lockstep:
         self._last_sources = None
 
     @classmethod
+    def _without_members(cls, template: CounterParameters, n: int, t: int) -> "Lockstep":
+        """An instance for ``n`` streams at step ``t`` held by the subclass's own arrays, with
+        no mechanism per stream (its ``from_arrays`` sets the arrays): :meth:`write_back`
+        has nothing to write to."""
+        self = cls.__new__(cls)
+        self._members = []
+        self._template = template
+        self._n, self._t = int(n), int(t)
+        self._last_sources = None
+        return self
+
+    @classmethod
     def eligible(cls, mechanisms: Sequence[object]) -> bool:
         """Whether ``mechanisms`` can be stepped together by this class."""
         if not mechanisms:

@@ -830,12 +830,8 @@ class LockstepTrees(Lockstep):
         if not ok:
             raise ValueError("arrays must hold t, nodes and roots as LockstepTrees.arrays() "
                              "gives them for the template's horizon")
-        self = cls.__new__(cls)
-        self._members = []
-        self._template = template
-        self._n = int(nodes.shape[1] if nodes is not None else roots.shape[0])
-        self._t = int(t)
-        self._last_sources = None
+        self = cls._without_members(template, nodes.shape[1] if nodes is not None else
+                                    roots.shape[0], t)
         self._horizon = horizon
         self._kind = template._noise
         self._nodes, self._roots = nodes, roots
