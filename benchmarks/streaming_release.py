@@ -24,7 +24,9 @@ events per key and step, the same aggregates in every case:
 
 Only the firings are timed (process CPU time); the per-element calls that
 buffer the aggregates are not. The records of both cases are compared (the
-same noise key), so a run also checks that they release the same values.
+same noise key), so a run also checks that they release the same values. The
+size of the encoded state after the last step (all cells, per key) is
+printed too.
 
     python benchmarks/streaming_release.py [--keys 1000] [--steps 72] [--repeats 3]
         [--noise laplace|gaussian]
@@ -78,6 +80,9 @@ class _Cell:
         """The end of a bundle: the next read decodes again."""
         self._loaded = False
 
+    def size(self):
+        return len(self._encoded or b"")
+
 
 class _Bag:
     def __init__(self):
@@ -94,6 +99,9 @@ class _Bag:
 
     def commit(self):
         pass
+
+    def size(self):
+        return sum(len(item) for item in self._items)
 
 
 class _Timer:
@@ -122,7 +130,8 @@ def _releases(outputs):
 
 
 def run_per_key(keys, steps, noise):
-    """(CPU seconds of the firings, releases) of the per-key release."""
+    """(CPU seconds of the firings, releases, encoded state bytes after the last firing) of
+    the per-key release."""
     inner = _inner(keys, noise)
     cells = {k: (_Bag(), _Cell(), _Cell(), _Cell(), _Cell(), _Timer()) for k in keys}
     for k in keys:
@@ -141,11 +150,13 @@ def run_per_key(keys, steps, noise):
             for cell in cells[k][:5]:
                 cell.commit()
         cpu += time.process_time() - start
-    return cpu, _releases(out)
+    state = sum(cell.size() for stream in cells.values() for cell in stream[:5])
+    return cpu, _releases(out), state
 
 
 def run_sharded(keys, steps, noise):
-    """(CPU seconds of the firings, releases) of the sharded release."""
+    """(CPU seconds of the firings, releases, encoded state bytes after the last firing) of
+    the sharded release."""
     dofn = ShardedReleaseDoFn(_inner(keys, noise))
     shards = default_shards(len(keys))
     cells = {s: (_Cell(), _Cell(), _Cell(), _Timer()) for s in range(shards)}
@@ -171,7 +182,8 @@ def run_sharded(keys, steps, noise):
             for cell in (streams, groups, armed):
                 cell.commit()
         cpu += time.process_time() - start
-    return cpu, _releases(out)
+    state = sum(cell.size() for shard in cells.values() for cell in shard[:3])
+    return cpu, _releases(out), state
 
 
 RUNS = {"per-key": run_per_key, "sharded": run_sharded}
@@ -188,10 +200,10 @@ def main(argv=None):
         parser.error("--keys, --steps and --repeats must be >= 1")
     keys = [f"k{k}" for k in range(args.keys)]
     cpu = {c: [] for c in CASES}
-    released = {}
+    released, state = {}, {}
     for _ in range(args.repeats):
         for case in CASES:          # interleaved: load drifts hit both cases alike
-            seconds, releases = RUNS[case](keys, args.steps, args.noise)
+            seconds, releases, state[case] = RUNS[case](keys, args.steps, args.noise)
             if len(releases) != args.keys * args.steps:
                 raise SystemExit(f"{case}: {len(releases)} releases, expected "
                                  f"{args.keys * args.steps}")
@@ -205,6 +217,8 @@ def main(argv=None):
           f"CPU us per released stream-step (median of {args.repeats}), firings only")
     print(f"  per-key {per['per-key']:.1f} | sharded {per['sharded']:.1f} | "
           f"per-key / sharded {per['per-key'] / per['sharded']:.2f}; the same releases")
+    print(f"  state after the last step, encoded, bytes per key: per-key "
+          f"{state['per-key'] / args.keys:.0f} | sharded {state['sharded'] / args.keys:.0f}")
 
 
 if __name__ == "__main__":
