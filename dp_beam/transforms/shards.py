@@ -196,6 +196,7 @@ class ShardedReleaseDoFn(beam.DoFn):
                    timer=beam.DoFn.TimerParam(TIMER)):
         streams = streams_state.read() or {}
         groups = groups_state.read() or {}
+        had_groups = bool(groups)
         now = fire.micros / 1e6
         inner = self._inner
         while True:
@@ -223,7 +224,7 @@ class ShardedReleaseDoFn(beam.DoFn):
         streams_state.write(streams)
         if groups:
             groups_state.write(groups)
-        else:
+        elif had_groups:
             groups_state.clear()
         due = [e["timer"] for e in streams.values() if e.get("timer") is not None]
         if due:
