@@ -189,9 +189,11 @@ def test_batch_sharded_erm_equals_per_key_erm(cls, extra):
     assert run(3) == per_key
 
 
-def test_streaming_sharded_release_equals_per_key_release_with_late_data():
+@pytest.mark.parametrize("noise", [{}, dict(noise="gaussian", delta=1e-6)], ids=["tree", "blt"])
+def test_streaming_sharded_release_equals_per_key_release_with_late_data(noise):
     """TestStream: the watermark passes steps in jumps, one event is late (deferred)
-    and one is dropped: the shard's single timer reproduces every stream's firings."""
+    and one is dropped: the shard's single timer reproduces every stream's firings (its
+    streams held as arrays between firings, through the runner's state coder)."""
     keys, steps = 5, 6
 
     def stream():
@@ -213,7 +215,7 @@ def test_streaming_sharded_release_equals_per_key_release_with_late_data():
                    | dpb.ContinualCount(epsilon=1.0, step=HOUR, start=0, end=steps * HOUR,
                                         key_fn=lambda e: e[0], timestamp_fn=lambda e: e[1],
                                         keys=[f"k{k}" for k in range(keys)], noise_key=KEY,
-                                        late=late, shards=shards))
+                                        late=late, shards=shards, **noise))
             return {"releases": res.releases, "accounting": res.accounting, "invalid": res.invalid}
 
         return _records(collect(streaming_options(), build))
