@@ -55,8 +55,7 @@ from apache_beam.transforms.userstate import ReadModifyWriteStateSpec, TimerSpec
 from apache_beam.utils.timestamp import Timestamp
 
 from dp_beam.mechanisms import ZeroNoise
-from dp_beam.mechanisms.counting import (BinaryTreeMechanism, BLTMechanism, LockstepBLT,
-                                         LockstepTrees)
+from dp_beam.mechanisms.counting import LockstepBLT, LockstepTrees
 from dp_beam.mechanisms.noise_key import encode_identity
 from dp_beam.transforms.release import LoggedReleaseDoFn, OrderedReleaseDoFn
 from dp_beam.transforms.release_spec import key_label
@@ -116,7 +115,7 @@ class _Timer:
 
 #: The ways of stepping streams together that can hold them as arrays only, by the exact
 #: class of the mechanisms they step.
-_ARRAY_LOCKSTEPS = {BinaryTreeMechanism: LockstepTrees, BLTMechanism: LockstepBLT}
+_ARRAY_LOCKSTEPS = {cls.mechanism_class: cls for cls in (LockstepTrees, LockstepBLT)}
 
 
 class _Column(NamedTuple):
@@ -249,8 +248,9 @@ class ShardedReleaseDoFn(beam.DoFn):
         for gid, by_index in members.items():
             group = groups[gid]
             ordered = [by_index.get(j) for j in range(len(group["keys"]))]
-            if all(f is not None for f in ordered) and len(
-                    {(f.nxt, f.until) for f in ordered}) == 1:
+            if (all(f is not None for f in ordered)
+                    and len({(f.nxt, f.until) for f in ordered}) == 1
+                    and ordered[0].nxt <= ordered[0].until):
                 yield from self._fire_group(gid, group, ordered, streams, groups)
             else:
                 self._ungroup(gid, streams, groups)
@@ -260,19 +260,21 @@ class ShardedReleaseDoFn(beam.DoFn):
 
     def _fire_group(self, gid, group, firings, streams, groups):
         """Releases a whole group from its arrays and stores them again."""
+        lockstep = self._group_lockstep(group)
+        results = yield from self._inner._release_lockstep(firings, firings[0].nxt,
+                                                           firings[0].until, lockstep=lockstep)
+        yield from self._keep_group(gid, lockstep, firings, results, streams, groups)
+
+    def _keep_group(self, gid, lockstep, firings, results, streams, groups):
+        """Stores group ``gid``'s arrays after its release and finishes each stream's firing
+        (its mechanism cell names its column: no state of its own to write)."""
         inner = self._inner
-        nxt, until = firings[0].nxt, firings[0].until
-        lockstep = None
-        if nxt <= until:
-            lockstep = self._group_lockstep(group)
-            results = yield from inner._release_lockstep(firings, nxt, until, lockstep=lockstep)
-            group["arrays"] = lockstep.arrays()
-        else:
-            results = [(None, nxt, False)] * len(firings)
-        for firing, (_, step, done) in zip(firings, results):
-            # The mechanism cell keeps naming the column: no state of its own to write.
+        keys = [firing.key for firing in firings]
+        groups[gid] = {"keys": keys, "arrays": lockstep.arrays()}
+        for j, (firing, (_, step, done)) in enumerate(zip(firings, results)):
+            firing.cells[1].write(_Column(gid, j))
             yield from inner._fire_finish(firing, None, step, done, False)
-        if any(inner._closed(streams[k].get("next")) for k in group["keys"]):
+        if any(inner._closed(streams[key].get("next")) for key in keys):
             # A group whose streams close (the end of the schedule or of the horizon) is
             # not stepped again; each stream keeps its final state, as on its own.
             self._ungroup(gid, streams, groups, lockstep)
@@ -296,13 +298,8 @@ class ShardedReleaseDoFn(beam.DoFn):
                 rest.extend(group)
                 continue
             results = yield from inner._release_lockstep(group, nxt, until, lockstep=lockstep)
-            gid = max(groups, default=-1) + 1
-            groups[gid] = {"keys": [f.key for f in group], "arrays": lockstep.arrays()}
-            for j, (firing, (_, step, done)) in enumerate(zip(group, results)):
-                firing.cells[1].write(_Column(gid, j))
-                yield from inner._fire_finish(firing, None, step, done, False)
-            if any(inner._closed(streams[f.key].get("next")) for f in group):
-                self._ungroup(gid, streams, groups, lockstep)
+            yield from self._keep_group(max(groups, default=-1) + 1, lockstep, group, results,
+                                        streams, groups)
         return rest
 
     def _group_lockstep(self, group):

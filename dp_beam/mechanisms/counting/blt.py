@@ -30,7 +30,6 @@ from typing import Any, Dict, Optional, Sequence, Tuple, Union
 import numpy as np
 from scipy import optimize
 
-from ..noise import ZeroNoise
 from ..state import StateRecord
 from .factorisation import FactorisationMechanism
 from .integer_units import Lanes, dyadic, from_unit, from_units, round_div_pow2, to_unit, to_units
@@ -844,17 +843,13 @@ class LockstepBLT(Lockstep):
         self._floats, self._roots = floats, roots
         return self
 
-    def stream_state(self, j: int) -> Dict[str, Any]:
-        """Stream j's state: what its own mechanism's ``to_state()`` gives after the same steps."""
-        template = self._template
-        mechanism = BLTMechanism.from_config(template.config, rng=ZeroNoise())
-        mechanism._t = self._t
+    def _fresh_member(self, j, mechanism):
+        # The integer buffers, in a core of the current epoch's shape (the floats follow).
         if self._cores is None:
             mechanism._core = None
-        else:
-            length = self._horizon if self._horizon is not None else template._epoch_of(self._t)[2]
-            core = mechanism._core_new(template._plan_of(length))
-            core["right"] = [list(buf) for buf in self._cores[j]["right"]]
-            mechanism._core = core
-        self._write_member(j, mechanism)
-        return mechanism.to_state()
+            return
+        template = self._template
+        length = self._horizon if self._horizon is not None else template._epoch_of(self._t)[2]
+        core = mechanism._core_new(template._plan_of(length))
+        core["right"] = [list(buf) for buf in self._cores[j]["right"]]
+        mechanism._core = core

@@ -46,9 +46,9 @@ stores those between its firings instead of one state per stream.
 ([3, 3], 8.0)
 """
 
-from typing import List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence
 
-from ..noise import NoiseSource
+from ..noise import NoiseSource, ZeroNoise
 from .parameters import CounterParameters
 
 __all__ = ["Lockstep", "LockstepStreams", "lockstep_of"]
@@ -143,6 +143,20 @@ class Lockstep:
 
     def _write_member(self, j, mechanism):
         """A subclass's part of :meth:`write_back` for stream j."""
+
+    def stream_state(self, j: int) -> Dict[str, Any]:
+        """Stream j's state: what its own mechanism's ``to_state()`` gives after the same steps
+        (for streams held as arrays only, whose mechanisms are not kept)."""
+        template = self._template
+        mechanism = type(template).from_config(template.config, rng=ZeroNoise())
+        mechanism._t = self._t
+        self._fresh_member(j, mechanism)
+        self._write_member(j, mechanism)
+        return mechanism.to_state()
+
+    def _fresh_member(self, j, mechanism):
+        """Gives a new mechanism (:meth:`stream_state`) the part of stream j's state that
+        :meth:`_write_member` does not write."""
 
 
 class LockstepStreams(Lockstep):

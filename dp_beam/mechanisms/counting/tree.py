@@ -18,7 +18,7 @@ import numpy as np
 from ...accounting.cost import Cost
 from ..calibration import noise_scale
 from ..halfwidths import gaussian_halfwidth
-from ..noise import NoiseSource, ZeroNoise, make_noise
+from ..noise import NoiseSource, make_noise
 from ..noise_grid import grid_exponent, grid_padded_scale, round_on_exponent, round_to_grid
 from .doubling import epoch_of, epoch_steps, release_intervals, release_levels
 from .intervals import laplace_release_halfwidth
@@ -836,10 +836,3 @@ class LockstepTrees(Lockstep):
         self._kind = template._noise
         self._nodes, self._roots = nodes, roots
         return self
-
-    def stream_state(self, j: int) -> Dict[str, Any]:
-        """Stream j's state: what its own mechanism's ``to_state()`` gives after the same steps."""
-        mechanism = BinaryTreeMechanism.from_config(self._template.config, rng=ZeroNoise())
-        mechanism._t = self._t
-        self._write_member(j, mechanism)
-        return mechanism.to_state()
