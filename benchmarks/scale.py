@@ -43,6 +43,11 @@ in CPU rates: the issue's target is >= 0.5 from 1,000 keys on. A second line giv
 every private case's rates over the filled count's, and one per ERM or mean case
 with its non-private counterpart in the run (``plain-…``), the same ratio over that.
 
+``--mean-users U1,U2,...`` adds the mean's users axis: ``--mean-keys`` declared keys
+(10), U users with four events each in one key, the private mean (its ``max_users`` the
+users per key) against the filled count and the non-private mean on the same events;
+``--keys ""`` runs it alone.
+
 ``--workers N`` (N > 1) also runs the sharded count with the in-process
 runner's ``multi_processing`` mode on N worker processes and on one, checks
 that both release the same values (a fixed noise key), and prints the
@@ -56,7 +61,7 @@ the runner API, against the non-private pipeline's.
 
     python benchmarks/scale.py [--keys 10,100,1000] [--steps 72] [--repeats 3]
         [--cases per-key,sharded,sharded-blt,sum,mean,erm-d10,erm-d100,plain-erm-d10,plain-erm-d100,plain-mean,filled]
-        [--workers 2]
+        [--workers 2] [--mean-users 100,1000,10000,100000 [--mean-keys 10]]
         [--rss-keys 100000] [--state-keys 100000] [--build-keys 100000]
 """
 
@@ -85,6 +90,8 @@ HOUR = 3600.0
 CASES = ("per-key", "sharded", "sharded-blt", "sum", "mean", "plain-mean", "erm-d10", "erm-d100",
          "plain-erm-d10", "plain-erm-d100", "filled")
 ERM_BLOCK, ERM_LAMBDA = 8, 0.1
+#: Events per user on the mean's users axis (``--mean-users``).
+USER_EVENTS = 4
 #: Fixed only so that the multi-process check can compare two runs' values.
 BENCH_KEY = dpb.NoiseKey.from_bytes(bytes(range(32)))
 
@@ -122,8 +129,17 @@ class _Filled(beam.DoFn):
 
 
 def _user_of(e):
-    """The mean cases' user: the event's key and its minute in the hour (two per key)."""
-    return e[0], int(e[1] % HOUR) // 60
+    """The mean cases' user: on the users axis the event's key and user field, else its key
+    and its minute in the hour (two per key)."""
+    return (e[0], e[3]) if len(e) > 3 else (e[0], int(e[1] % HOUR) // 60)
+
+
+def user_events(users, keys, steps, per_user=USER_EVENTS):
+    """The users axis: user u belongs to key u mod ``keys`` and has ``per_user`` events, at
+    steps (7u + 13j) mod ``steps`` (distinct for j < 4 when ``steps`` is 72), value
+    (u + j) mod 5, as ``(key, time, value, user)``."""
+    return [(f"k{u % keys}", ((u * 7 + 13 * j) % steps) * HOUR + (u % 3600), float((u + j) % 5), u)
+            for u in range(users) for j in range(per_user)]
 
 
 def _capped(element, max_samples):
@@ -192,7 +208,7 @@ def _logistic(theta, X, y):
     return value, X.T @ (p - y) / len(y) + 2.0 * ERM_LAMBDA * theta
 
 
-def private_transform(case, keys, steps):
+def private_transform(case, keys, steps, max_users=None):
     common = dict(epsilon=1.0, step=HOUR, start=0, end=steps * HOUR, key_fn=lambda e: e[0],
                   keys=[f"k{k}" for k in range(keys)], noise_key=BENCH_KEY)
     if case == "per-key":
@@ -206,7 +222,8 @@ def private_transform(case, keys, steps):
     if case == "mean":
         return dpb.ContinualMean(user_fn=_user_of,
                                  value_fn=lambda e: e[2], lower=0.0, upper=4.0,
-                                 max_samples_per_user=steps, max_users=2 * keys, **common)
+                                 max_samples_per_user=steps,
+                                 max_users=2 * keys if max_users is None else max_users, **common)
     if case.startswith("erm-d"):
         dim = int(case[len("erm-d"):])
         return dpb.ContinualERM(features_fn=_Features(dim), label_fn=lambda e: int(e[2]) % 2,
@@ -215,8 +232,9 @@ def private_transform(case, keys, steps):
     raise ValueError(f"unknown case {case!r}")
 
 
-def run_once(case, keys, steps, events, flags=(), sink=None):
-    """(wall seconds, CPU seconds of this process) of one pipeline run."""
+def run_once(case, keys, steps, events, flags=(), sink=None, max_users=None):
+    """(wall seconds, CPU seconds of this process) of one pipeline run (``max_users``: the
+    mean's declared users per stream, if not the key axis's)."""
     wall, cpu = time.perf_counter(), time.process_time()
     p = beam.Pipeline(options=PipelineOptions(flags=list(flags), runner="FnApiRunner"))
     stamped = p | _CreateEvents(events, reshuffle=False) | beam.Map(_stamp)
@@ -232,7 +250,7 @@ def run_once(case, keys, steps, events, flags=(), sink=None):
         _ = (stamped | beam.Map(lambda e: (e[0], e)) | beam.GroupByKey()
              | beam.ParDo(_PlainERM(int(case[len("plain-erm-d"):]))))
     else:
-        releases = (stamped | private_transform(case, keys, steps)).releases
+        releases = (stamped | private_transform(case, keys, steps, max_users)).releases
         if sink is not None:
             _ = (releases | beam.Map(lambda r: json.dumps([r.key, r.step, r.value]))
                  | beam.io.WriteToText(sink, shard_name_template=""))
@@ -311,6 +329,36 @@ def own_peak_kib():
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 
 
+def mean_users_axis(user_counts, keys, steps, repeats):
+    """The mean's users axis: ``keys`` declared keys, each of ``users`` users with
+    :data:`USER_EVENTS` events in one key; the private mean (``max_users`` the users per key)
+    against the filled count and the non-private mean on the same events, in wall and CPU
+    time (the same key-steps are published by all three, so time ratios are rate ratios)."""
+    cases = ("mean", "plain-mean", "filled")
+    print(f"mean, users axis: {keys} keys x {steps} steps, {USER_EVENTS} events per user; "
+          f"seconds, medians of {repeats} interleaved runs")
+    print(f"{'users':>7} | {'events':>8} | " + " | ".join(f"{c:>17}" for c in cases)
+          + " | mean events/s | mean / filled wall (cpu) | mean / plain-mean wall (cpu)")
+    for users in user_counts:
+        events = user_events(users, keys, steps)
+        per_key = -(-users // keys)
+        wall = {c: [] for c in cases}
+        cpu = {c: [] for c in cases}
+        for _ in range(repeats):
+            for case in cases:
+                w, c = run_once(case, keys, steps, events, max_users=per_key)
+                wall[case].append(w)
+                cpu[case].append(c)
+        w = {c: statistics.median(wall[c]) for c in cases}
+        c = {k: statistics.median(cpu[k]) for k in cases}
+        print(f"{users:>7,} | {len(events):>8,} | "
+              + " | ".join(f"{w[k]:>7.2f} ({c[k]:>7.2f})" for k in cases)
+              + f" | {len(events) / w['mean']:>13,.0f}"
+              + f" | {w['filled'] / w['mean']:>13.2f} ({c['filled'] / c['mean']:.2f})"
+              + f" | {w['plain-mean'] / w['mean']:>17.2f} ({c['plain-mean'] / c['mean']:.2f})",
+              flush=True)
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--keys", default="10,100,1000")
@@ -322,16 +370,20 @@ def main(argv=None):
     parser.add_argument("--rss-steps", type=int, default=4)
     parser.add_argument("--state-keys", type=int, default=100_000)
     parser.add_argument("--build-keys", type=int, default=0)
+    parser.add_argument("--mean-users", default="")
+    parser.add_argument("--mean-keys", type=int, default=10)
     args = parser.parse_args(argv)
     cases = [c for c in args.cases.split(",") if c]
     unknown = set(cases) - set(CASES)
     if unknown or "filled" not in cases or "sharded" not in cases:
         parser.error(f"--cases must include sharded and filled, from {', '.join(CASES)}")
-    print("out/s in wall time (CPU time in brackets); medians of "
-          f"{args.repeats} interleaved runs, {args.steps} steps, 2 events per key and step")
-    print(f"{'keys':>6} | " + " | ".join(f"{c:>19}" for c in cases)
-          + " | sharded/filled wall | cpu")
-    for keys in (int(k) for k in args.keys.split(",")):
+    key_counts = [int(k) for k in args.keys.split(",") if k]
+    if key_counts:
+        print("out/s in wall time (CPU time in brackets); medians of "
+              f"{args.repeats} interleaved runs, {args.steps} steps, 2 events per key and step")
+        print(f"{'keys':>6} | " + " | ".join(f"{c:>19}" for c in cases)
+              + " | sharded/filled wall | cpu")
+    for keys in key_counts:
         events = events_for(keys, args.steps)
         wall = {c: [] for c in cases}
         cpu = {c: [] for c in cases}
@@ -356,8 +408,11 @@ def main(argv=None):
                 private = c[len("plain-"):]
                 print(f"{keys:>6} | {private} / {c}: {rate[private] / rate[c]:.2f} "
                       f"({crate[private] / crate[c]:.2f})", flush=True)
-    if args.workers > 1:
-        keys = max(int(k) for k in args.keys.split(","))
+    if args.mean_users:
+        mean_users_axis([int(u) for u in args.mean_users.split(",")], args.mean_keys, args.steps,
+                        args.repeats)
+    if args.workers > 1 and key_counts:
+        keys = max(key_counts)
         one, many, same = compare_workers(keys, args.steps, args.workers)
         print(f"multi_processing, {keys} keys: 1 worker {one:.1f} s, {args.workers} workers "
               f"{many:.1f} s: speed-up {one / many:.2f}; same releases: {same}", flush=True)

@@ -32,8 +32,8 @@ from dp_beam.transforms.keys import UNITS, EventUnits
 from dp_beam.transforms.release_spec import ReleaseSpec
 from dp_beam.transforms.steps import (EventStepTotals, PrepareStepTotals, in_global_window,
                                      per_step)
-from dp_beam.transforms.streams import (private_keys, raw_steps, release_streams, set_release_options,
-                                        validation)
+from dp_beam.transforms.streams import (private_keys, raw_steps, release_shards, release_streams,
+                                        set_release_options, validation)
 
 __all__ = ["ContinualCount", "ContinualSum", "CounterReleaseSpec", "MAX_STEP_TOTAL", "round_total",
            "TOTAL_GRID_BITS", "total_grid_exponent"]
@@ -375,10 +375,11 @@ class _ContinualTotal(beam.PTransform):
         # The sharded batch release groups per shard anyway: it merges the bundles'
         # partial totals per (key, step) there, which saves a combine's own grouping.
         lifted = raw_steps(self, events) and self._fanout is None
+        shards = release_shards(self, events)
         if lifted and self._unit == "event" and selecting is None:
             prepared = (events
                         | "Validate" >> beam.ParDo(PrepareStepTotals(
-                            label, step_total, self._step_micros, self._shards, **prepare),
+                            label, step_total, self._step_micros, shards, **prepare),
                                                  **side)
                         .with_outputs(INVALID, main="valid"))
             return self._release(events, prepared.valid, [prepared[INVALID]], None, step_total)
@@ -401,7 +402,7 @@ class _ContinualTotal(beam.PTransform):
             units = valid | "EventUnits" >> beam.ParDo(EventUnits())
         if lifted:
             aggregates = valid | "StepTotals" >> beam.ParDo(EventStepTotals(
-                step_total, self._step_micros, self._shards))
+                step_total, self._step_micros, shards))
             return self._release(events, aggregates, invalids, units, step_total)
         aggregates = per_step(valid, step_total, self._step, self._step_micros,
                               events.is_bounded, self._fanout)
@@ -527,9 +528,11 @@ class ContinualCount(_ContinualTotal):
         away the exact difference of their statistics. The key travels inside
         the pipeline's serialized graph: treat staging locations as secret,
         or load it with ``from_env`` on the workers.
-      shards: how the streams are released. ``None`` (default): 0 for fewer
-        than 64 declared keys (or a key set not known at construction), else
-        one shard per 64 declared keys. 0: one stateful key (and timer) per
+      shards: how the streams are released. ``None`` (default): one shard per
+        64 declared keys; below 64 declared keys (or without ``key_fn``), one
+        shard for bounded input and 0 for unbounded input; 0 when the key set
+        is not known at construction (a ``PCollection`` of keys, private
+        selection). 0: one stateful key (and timer) per
         stream. n > 0: streams go to n shards by a public hash of the key,
         each shard released by one stateful DoFn with one timer per step
         (streaming) or, for bounded input, by one pass over the shard's

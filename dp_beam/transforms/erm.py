@@ -337,8 +337,9 @@ _COMMON_ARGS = """
         exception sends the element to ``.invalid``.
       tol_fraction: the solver's tolerance as a fraction of the noise scale
         (see :class:`dp_beam.mechanisms.erm.OutputPerturbation`).
-      shards: how bounded input is released. ``None`` (default): 0 for fewer
-        than 64 declared keys, else one shard per 64 declared keys. 0: one
+      shards: how bounded input is released. ``None`` (default): one shard
+        per 64 declared keys, at least one (0 when the key set is not known
+        at construction: a ``PCollection`` of keys, private selection). 0: one
         stateful key (and timer) per stream. n > 0: streams go to n shards by
         a public hash of the key, each shard's grouped input released in one
         pass without state or timers, each stream's log held in memory for

@@ -92,7 +92,7 @@ from dp_beam.transforms.mean_users import (PrepareMeanEvents, PrepareMeanEventsB
                                            WithholdReleaseTotals)
 from dp_beam.transforms.release_spec import ReleaseSpec
 from dp_beam.transforms.steps import StepEnd, StepOf, in_global_window
-from dp_beam.transforms.streams import (private_keys, raw_steps, release_streams,
+from dp_beam.transforms.streams import (private_keys, raw_steps, release_shards, release_streams,
                                         set_release_options, validation)
 
 __all__ = ["ContinualMean", "MeanReleaseSpec", "MECHANISM", "PackedSamples", "resolve_bounds"]
@@ -316,8 +316,9 @@ class ContinualMean(beam.PTransform):
       rng: ``None`` (production noise from ``noise_key``); tests only: an int
         seed or a ``NoiseSource``.
       noise_key: the secret key of every noise draw, as ``ContinualCount``.
-      shards: as ``ContinualCount``; presets that keep median samples in a
-        per-key log (``preset="paper"``) always release per key.
+      shards: as ``ContinualCount``; on streaming input, presets that keep
+        median samples in a per-key log (``preset="paper"``) always release
+        per key.
 
     Example (noise switched off to show the estimate):
 
@@ -497,7 +498,8 @@ class ContinualMean(beam.PTransform):
                 # The sharded batch release groups per shard anyway: it merges the bundles'
                 # partial aggregates per (key, step) there, instead of a combine's own grouping.
                 combine_fn = MergeAggregates()
-                stage_fn = WithholdReleaseTotals(shards=self._shards, gathered=True, **stage)
+                stage_fn = WithholdReleaseTotals(shards=release_shards(self, events), gathered=True,
+                                                 **stage)
             else:
                 stage_fn = WithholdReleaseBatch(gathered=True, **stage)
             per_user = (users

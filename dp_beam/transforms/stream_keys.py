@@ -245,14 +245,23 @@ def shard_of(key: Any, shards: int) -> int:
     return int.from_bytes(digest[:8], "big") % shards
 
 
-def default_shards(declared_keys: Optional[int]) -> int:
-    """Shards for a release over ``declared_keys`` keys: 0 (per-key path) below
-    :data:`KEYS_PER_SHARD` or when the key set is not known up front, else
-    ``declared_keys // KEYS_PER_SHARD``.
+def default_shards(declared_keys: Optional[int], bounded: bool = False) -> int:
+    """Shards for a release over ``declared_keys`` streams (``None``: not known up front).
+
+    ``declared_keys // KEYS_PER_SHARD`` from :data:`KEYS_PER_SHARD` keys on. Below that,
+    unbounded input keeps one stateful key per stream (0), and bounded input takes one
+    shard: its release then runs without state or timers, which costs less than a timer
+    firing per stream and step even for a single stream. A key set not known up front (a
+    ``PCollection`` of keys, privately selected keys) keeps the per-key path (0), which
+    spreads the streams over the workers however many they turn out to be.
 
     >>> default_shards(None), default_shards(10), default_shards(1000)
     (0, 0, 15)
+    >>> default_shards(None, bounded=True), default_shards(1, bounded=True)
+    (0, 1)
     """
-    if declared_keys is None or declared_keys < KEYS_PER_SHARD:
+    if declared_keys is None:
         return 0
+    if declared_keys < KEYS_PER_SHARD:
+        return 1 if bounded else 0
     return declared_keys // KEYS_PER_SHARD

@@ -31,7 +31,7 @@ from dp_beam.transforms.shards import BatchShardReleaseDoFn, ShardedReleaseDoFn,
 from dp_beam.transforms.stream_keys import KV, shard_of
 
 __all__ = ["seconds", "check_horizon", "set_release_options", "private_keys", "validation", "raw_steps",
-           "release_streams", "release_in_order"]
+           "release_shards", "release_streams", "release_in_order"]
 
 
 def seconds(name: str, value: Union[float, datetime.timedelta], allow_zero: bool = False) -> float:
@@ -66,9 +66,10 @@ def set_release_options(transform: beam.PTransform, step: Union[float, datetime.
     ``_allowed_lateness``, ``_late``, ``_seed``, ``_noise_key`` and ``_shards`` on
     ``transform``. ``shards``: ``None`` picks
     :func:`~dp_beam.transforms.shards.default_shards` of the declared key
-    count; 0 releases one stateful key per stream; n > 0 routes the streams
-    to n shards, each released by one stateful DoFn with one timer (same
-    records). ``noise_key=None`` draws a fresh secret key now, at
+    count when the input is known (:func:`release_shards`); 0 releases one
+    stateful key per stream; n > 0 routes the streams to n shards, each
+    released by one stateful DoFn with one timer, or on bounded input by one
+    pass without state (same records). ``noise_key=None`` draws a fresh secret key now, at
     construction: each construction of a pipeline is a new release, and the
     retries within it are replay-stable.
     """
@@ -98,10 +99,6 @@ def set_release_options(transform: beam.PTransform, step: Union[float, datetime.
     if shards is not None and (isinstance(shards, bool) or not isinstance(shards, int) or shards < 0):
         raise ValueError(f"shards must be None (chosen from the declared keys), 0 (one stateful key "
                          f"per stream) or a positive int, got {shards!r}")
-    if shards is None:
-        declared = transform._keys
-        count = len(declared.keys) if isinstance(declared, DeclaredKeys) and declared.keys is not None else None
-        shards = default_shards(count)
     transform._shards = shards
 
 
@@ -119,11 +116,29 @@ def validation(transform: beam.PTransform) -> Tuple[Schedule, Optional[FrozenSet
     return transform._schedule, None, {}
 
 
+def release_shards(transform: beam.PTransform, events: beam.PCollection) -> int:
+    """The shards that release ``transform``'s streams over ``events``: its ``shards``
+    option, or for ``None`` :func:`~dp_beam.transforms.shards.default_shards` of its
+    stream count (1 without ``key_fn``; the declared keys; unknown for a ``PCollection``
+    of keys or private selection) and of whether ``events`` is bounded."""
+    shards = getattr(transform, "_shards", 0)
+    if shards is not None:
+        return shards
+    declared = transform._keys
+    if declared is None:
+        count = 1
+    elif isinstance(declared, DeclaredKeys) and declared.keys is not None:
+        count = len(declared.keys)
+    else:
+        count = None
+    return default_shards(count, bounded=events.is_bounded)
+
+
 def raw_steps(transform: beam.PTransform, events: beam.PCollection) -> bool:
     """True when the release merges the partial totals per (key, step) itself: bounded input
     released by shards (one grouping per shard, see
     :class:`~dp_beam.transforms.shards.BatchShardReleaseDoFn`)."""
-    return bool(events.is_bounded and getattr(transform, "_shards", 0))
+    return bool(events.is_bounded and release_shards(transform, events))
 
 
 def release_streams(transform: beam.PTransform, events: beam.PCollection,
@@ -143,7 +158,7 @@ def release_streams(transform: beam.PTransform, events: beam.PCollection,
     declared = transform._keys
     common = dict(schedule=schedule, bounded=bounded, late=transform._late, seed=transform._seed,
                   noise_key=transform._noise_key, allowed_lateness=transform._allowed_lateness,
-                  shards=getattr(transform, "_shards", 0), combine_fn=combine_fn)
+                  shards=release_shards(transform, events), combine_fn=combine_fn)
     if isinstance(declared, PrivateKeys):
         admitted, seeds, selection_entry, charged = select_keys(
             units, declared, schedule, transform.label, unit, bounded, transform._seed,

@@ -3,12 +3,15 @@
 import apache_beam as beam
 import pytest
 from apache_beam import pvalue
+from apache_beam.portability import common_urns
+from apache_beam.portability.api import beam_runner_api_pb2
 from apache_beam.testing import test_stream
 from apache_beam.utils.timestamp import Timestamp
 
 import dp_beam as dpb
 from dp_beam.transforms.release import OrderedReleaseDoFn
 from dp_beam.transforms.schedule import StreamStart
+from dp_beam.transforms.streams import release_shards
 from dp_beam.transforms.shards import (KEYS_PER_SHARD, ShardedReleaseDoFn, _Column, default_shards,
                                        shard_of)
 from tests.beam_util import batch_options, collect, streaming_options
@@ -231,11 +234,66 @@ def test_shards_validation_and_default():
         dpb.ContinualCount(epsilon=1.0, step=HOUR, start=0, end=HOUR, shards=-1)
     with pytest.raises(ValueError, match="shards"):
         dpb.ContinualCount(epsilon=1.0, step=HOUR, start=0, end=HOUR, shards=True)
-    many = dpb.ContinualCount(epsilon=1.0, step=HOUR, start=0, end=HOUR, key_fn=lambda e: e,
-                              keys=list(range(10 * KEYS_PER_SHARD)))
-    few = dpb.ContinualCount(epsilon=1.0, step=HOUR, start=0, end=HOUR, key_fn=lambda e: e,
-                             keys=list(range(3)))
-    assert (many._shards, few._shards) == (10, 0) == (default_shards(10 * KEYS_PER_SHARD), default_shards(3))
+
+    def count(keys=None, **kw):
+        key_fn = None if keys is None else (lambda e: e)
+        return dpb.ContinualCount(epsilon=1.0, step=HOUR, start=0, end=HOUR, key_fn=key_fn,
+                                  keys=keys, **kw)
+
+    p = beam.Pipeline(options=batch_options())
+    bounded = p | beam.Create([1])
+    unbounded = p | test_stream.TestStream()
+    assert bounded.is_bounded and not unbounded.is_bounded
+    many, few = count(list(range(10 * KEYS_PER_SHARD))), count(list(range(3)))
+    single, private = count(), count(dpb.PrivateKeys(epsilon=1.0, delta=1e-6))
+    from_data = count(p | "Keys" >> beam.Create(["a"]))
+    # (bounded, unbounded): one shard per 64 declared keys; below that one shard for bounded
+    # input (no timers) and a stateful key per stream for unbounded input; a key set not
+    # known up front keeps the per-key path.
+    expected = {many: (10, 10), few: (1, 0), single: (1, 0), private: (0, 0), from_data: (0, 0)}
+    for transform, shards in expected.items():
+        assert transform._shards is None
+        assert (release_shards(transform, bounded), release_shards(transform, unbounded)) == shards
+    assert default_shards(10 * KEYS_PER_SHARD) == 10 and default_shards(3, bounded=True) == 1
+    # An explicit choice is kept whatever the input.
+    for shards in (0, 2):
+        explicit = count(list(range(3)), shards=shards)
+        assert release_shards(explicit, bounded) == release_shards(explicit, unbounded) == shards
+
+
+def test_bounded_default_releases_a_single_stream_without_timers():
+    """The default for bounded input without keys is the one-shard release (no state or
+    timers): the same records as the per-key path, and no stateful release in the graph."""
+    steps = 6
+    events = [(None, s * HOUR + 30.0 * j, 1.0) for s in range(steps) for j in range(s % 3)]
+    events.append((None, steps * HOUR + 1.0, 1.0))           # after the end: a dead letter
+
+    def run(shards, graph=None):
+        def build(p):
+            res = (p | beam.Create(events) | beam.Map(_stamp)
+                   | dpb.ContinualCount(epsilon=1.0, step=HOUR, start=0, end=steps * HOUR,
+                                        noise_key=KEY, shards=shards))
+            if graph is not None:
+                graph.append(p)
+            return {"releases": res.releases, "accounting": res.accounting,
+                    "invalid": res.invalid}
+        return _records(collect(batch_options(), build))
+
+    graph = []
+    default = run(None, graph)
+    assert len(default[0]) == steps and default[2]
+    assert default == run(0)
+    transforms = graph[0].to_runner_api().components.transforms.values()
+    assert any(t.unique_name.endswith("/GroupShard") for t in transforms)
+    pardos = [beam_runner_api_pb2.ParDoPayload.FromString(t.spec.payload) for t in transforms
+              if t.spec.urn == common_urns.primitives.PAR_DO.urn]
+    assert pardos and not any(p.state_specs or p.timer_family_specs for p in pardos)
+    # The per-key path, for contrast, has a stateful release.
+    graph = []
+    run(0, graph)
+    assert any(beam_runner_api_pb2.ParDoPayload.FromString(t.spec.payload).state_specs
+               for t in graph[0].to_runner_api().components.transforms.values()
+               if t.spec.urn == common_urns.primitives.PAR_DO.urn)
 
 
 def test_shard_of_is_stable_and_spreads_keys():
@@ -509,17 +567,41 @@ def test_streaming_streams_that_cannot_be_held_as_arrays_keep_their_own_state(op
     assert all(isinstance(shard.streams.read()[k]["mechanism"], dict) for k in keys)
 
 
-@pytest.mark.parametrize("noise", ["laplace", "gaussian"])
-def test_the_streaming_release_benchmark_compares_the_same_releases(noise, capsys):
-    """benchmarks/streaming_release.py drives both release DoFns over several shards (130 keys:
-    two shards) and stops if their releases differ; a short run must get through."""
+def _benchmark(name):
+    """The module of ``benchmarks/<name>.py``, loaded from its file."""
     import importlib.util
     import os
 
     path = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(
-        __file__)))), "benchmarks", "streaming_release.py")
-    spec = importlib.util.spec_from_file_location("streaming_release", path)
+        __file__)))), "benchmarks", f"{name}.py")
+    spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("noise", ["laplace", "gaussian"])
+def test_the_streaming_release_benchmark_compares_the_same_releases(noise, capsys):
+    """benchmarks/streaming_release.py drives both release DoFns over several shards (130 keys:
+    two shards) and stops if their releases differ; a short run must get through."""
+    module = _benchmark("streaming_release")
     module.main(["--keys", "130", "--steps", "5", "--repeats", "1", "--noise", noise])
     assert "the same releases" in capsys.readouterr().out
+
+
+def test_the_scale_benchmark_runs_the_mean_users_axis(capsys):
+    """benchmarks/scale.py --mean-users: each user's events stay in one key, and a short run
+    prints one row per user count with its event count."""
+    module = _benchmark("scale")
+    events = module.user_events(30, 3, 72)
+    assert len(events) == 30 * module.USER_EVENTS
+    assert all(e[0] == f"k{e[3] % 3}" for e in events)
+    # A user's steps are distinct, so its samples are spread over the schedule.
+    steps = {}
+    for e in events:
+        steps.setdefault(e[3], set()).add(int(e[1] // module.HOUR))
+    assert all(len(s) == module.USER_EVENTS for s in steps.values())
+    module.main(["--keys", "", "--mean-users", "20", "--mean-keys", "2", "--steps", "6",
+                 "--repeats", "1", "--state-keys", "0"])
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.lstrip().startswith("20 |")]
+    assert len(rows) == 1 and rows[0].split("|")[1].strip() == "80"

@@ -61,7 +61,7 @@ def test_set_release_options_sets_the_schedule_and_options():
     schedule, declared, side = validation(t)
     assert schedule is t._schedule and declared == frozenset({"a", "b"}) and side == {}
     assert private_keys(t) is None
-    assert t._shards == 0  # two keys: one stateful key per stream
+    assert t._shards is None  # chosen when the input is known (release_shards)
 
 
 def test_set_release_options_without_a_noise_key_draws_a_fresh_one():
