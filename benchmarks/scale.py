@@ -223,7 +223,8 @@ def private_transform(case, keys, steps, max_users=None):
         return dpb.ContinualMean(user_fn=_user_of,
                                  value_fn=lambda e: e[2], lower=0.0, upper=4.0,
                                  max_samples_per_user=steps,
-                                 max_users=2 * keys if max_users is None else max_users, **common)
+                                 # max_users bounds the users of one stream: two per key here.
+                                 max_users=2 if max_users is None else max_users, **common)
     if case.startswith("erm-d"):
         dim = int(case[len("erm-d"):])
         return dpb.ContinualERM(features_fn=_Features(dim), label_fn=lambda e: int(e[2]) % 2,
