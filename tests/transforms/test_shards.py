@@ -279,21 +279,23 @@ def test_bounded_default_releases_a_single_stream_without_timers():
                     "invalid": res.invalid}
         return _records(collect(batch_options(), build))
 
-    graph = []
+    graph, per_key_graph = [], []
     default = run(None, graph)
     assert len(default[0]) == steps and default[2]
-    assert default == run(0)
+    assert default == run(0, per_key_graph)
     transforms = graph[0].to_runner_api().components.transforms.values()
     assert any(t.unique_name.endswith("/GroupShard") for t in transforms)
-    pardos = [beam_runner_api_pb2.ParDoPayload.FromString(t.spec.payload) for t in transforms
-              if t.spec.urn == common_urns.primitives.PAR_DO.urn]
+    pardos = _pardos(graph[0])
     assert pardos and not any(p.state_specs or p.timer_family_specs for p in pardos)
     # The per-key path, for contrast, has a stateful release.
-    graph = []
-    run(0, graph)
-    assert any(beam_runner_api_pb2.ParDoPayload.FromString(t.spec.payload).state_specs
-               for t in graph[0].to_runner_api().components.transforms.values()
-               if t.spec.urn == common_urns.primitives.PAR_DO.urn)
+    assert any(p.state_specs for p in _pardos(per_key_graph[0]))
+
+
+def _pardos(pipeline):
+    """The ParDo payloads of ``pipeline``'s runner API graph (their state and timer specs)."""
+    return [beam_runner_api_pb2.ParDoPayload.FromString(t.spec.payload)
+            for t in pipeline.to_runner_api().components.transforms.values()
+            if t.spec.urn == common_urns.primitives.PAR_DO.urn]
 
 
 def test_shard_of_is_stable_and_spreads_keys():
