@@ -9,7 +9,7 @@ the ``capped`` output and become one ``invalid`` record per (reason, user,
 step) (:class:`CountCapped`), so input = used + invalid still holds.
 """
 
-from typing import Any, Dict, Optional
+from typing import Any, Dict, Iterable, List, Optional
 
 import apache_beam as beam
 from apache_beam import pvalue
@@ -22,7 +22,7 @@ from dp_beam.records import InvalidElement
 from dp_beam.transforms.events import CAPPED, NAMESPACE, UNBOUNDED_LATENESS
 from dp_beam.transforms.stream_keys import KV
 
-__all__ = ["BoundContributions", "capped", "CountCapped"]
+__all__ = ["BoundContributions", "capped", "capped_records", "CountCapped"]
 
 
 def capped(reason: str, user: Any, step: int, example: Dict[str, Any], ts: float,
@@ -119,17 +119,37 @@ class _CountAndExample(beam.CombineFn):
         return acc
 
 
+def _capped_record(transform, element):
+    """The ``invalid`` record of one (reason, user, step[, key]) and its ``(events, example)``."""
+    (reason, user, step, by_key, key), (n, (ts, _, example)) = element
+    record = {"user": user, "step": step}
+    if by_key:
+        record["key"] = key
+    record["example"] = example
+    return InvalidElement.of(transform, reason, record, ts, count=n)
+
+
 class _CappedRecord(beam.DoFn):
     def __init__(self, transform):
         self._transform = transform
 
     def process(self, element):
-        (reason, user, step, by_key, key), (n, (ts, _, example)) = element
-        record = {"user": user, "step": step}
-        if by_key:
-            record["key"] = key
-        record["example"] = example
-        yield InvalidElement.of(self._transform, reason, record, ts, count=n)
+        yield _capped_record(self._transform, element)
+
+
+def capped_records(transform: str, outputs: Iterable[pvalue.TaggedOutput]) -> List[InvalidElement]:
+    """:class:`CountCapped`'s records of :func:`capped` outputs that hold every capped event of
+    their users: what a bounded per-user stage, which sees all of a user's events in one
+    element, makes of them without the grouping (one element and one stage fewer per
+    record). Ordered by first appearance; the records are those of :class:`CountCapped`
+    (same count, example and id), since a (reason, user, step) never spans two elements."""
+    fn = _CountAndExample()
+    accumulators: Dict[Any, Any] = {}
+    for output in outputs:
+        slot, item = output.value.value
+        acc = accumulators.get(slot)
+        accumulators[slot] = fn.add_input(fn.create_accumulator() if acc is None else acc, item)
+    return [_capped_record(transform, kv) for kv in accumulators.items()]
 
 
 class CountCapped(beam.PTransform):

@@ -16,7 +16,9 @@ cost more than the schedule itself (``benchmarks/mean_throughput.py``). With the
 sharded release of bounded input the combine is that of the release itself: each
 bundle's aggregates are merged per (key, step) where they are made and merged
 across bundles in the shard's grouping (:class:`.mean_users.WithholdReleaseTotals`),
-the same sums as the ``CombinePerKey``.
+the same sums as the ``CombinePerKey``. Bounded input's per-user stage also turns a
+user's events beyond a cap into their dead letters itself (it holds all of them), the
+records the streaming path's :class:`.CountCapped` grouping makes.
 
 All DP math lives in :mod:`dp_beam.mechanisms.continual_mean`; this module
 only moves data and splits the budget over keys.
@@ -502,10 +504,12 @@ class ContinualMean(beam.PTransform):
                                                  **stage)
             else:
                 stage_fn = WithholdReleaseBatch(gathered=True, **stage)
+            # A user's capped events leave as finished dead letters: no grouping of their own.
             per_user = (users
                         | "PerUser" >> beam.GroupByKey()
                         | "WithholdRelease" >> beam.ParDo(stage_fn)
-                        .with_outputs(CAPPED, UNITS, main="aggregates"))
+                        .with_outputs(INVALID, UNITS, main="aggregates"))
+            invalids.append(per_user[INVALID])
             aggregates = per_user.aggregates
             if combine_fn is None:
                 aggregates = (aggregates
@@ -521,6 +525,6 @@ class ContinualMean(beam.PTransform):
                           | "PerStep" >> beam.CombinePerKey(MergeAggregates())
                           | "StepIndex" >> beam.ParDo(StepOf(self._step_micros))
                           | "Rewindow" >> beam.WindowInto(GlobalWindows()))
-        invalids.append(per_user[CAPPED] | "CountCapped" >> CountCapped(label, self._step))
+            invalids.append(per_user[CAPPED] | "CountCapped" >> CountCapped(label, self._step))
         return release_streams(self, events, aggregates, spec, entry, invalids,
                                units=per_user[UNITS], unit="user", combine_fn=combine_fn)

@@ -25,8 +25,8 @@ from apache_beam.transforms.userstate import ReadModifyWriteStateSpec
 from apache_beam.utils.timestamp import Timestamp
 
 from dp_beam.mechanisms.continual_mean import MeanParams, UserState, contribution, user_hash
-from dp_beam.transforms.contributions import capped
-from dp_beam.transforms.events import NAMESPACE, TRANSIENT_ERRORS, ValidatingDoFn, as_real
+from dp_beam.transforms.contributions import capped, capped_records
+from dp_beam.transforms.events import INVALID, NAMESPACE, TRANSIENT_ERRORS, ValidatingDoFn, as_real
 from dp_beam.transforms.keys import UNITS
 from dp_beam.transforms.mean_aggregates import PackedSamples, compacted, merge_into
 from dp_beam.transforms.steps import by_shard, global_element, shard_count
@@ -283,6 +283,11 @@ class WithholdReleaseBatch(_UserStage):
 
     ``gathered=True``: the grouped values are lists of a user's events
     (:class:`PrepareMeanEventsBatch`), taken in the same order as their concatenation.
+
+    Events beyond a cap leave as finished dead letters on the ``invalid`` output: one
+    record per (reason, user, step[, key]), those :class:`.CountCapped` makes of the
+    streaming stage's ``capped`` events (:func:`.capped_records`). Every event of the
+    user is in this element, so no further grouping is needed.
     """
 
     def __init__(self, *args: Any, gathered: bool = False, **kwargs: Any) -> None:
@@ -293,12 +298,12 @@ class WithholdReleaseBatch(_UserStage):
         user, events = element
         if self._gathered:
             events = itertools.chain.from_iterable(events)
-        streams, pending = {}, {}
+        streams, pending, over = {}, {}, []
         for key, value, ts in sorted(events, key=lambda e: e[2]):
             new = key not in streams
             out = self._consume(streams, user, key, value, ts)
             if isinstance(out, pvalue.TaggedOutput):
-                yield out
+                over.append(out)
                 continue
             if new and self._selecting:
                 yield pvalue.TaggedOutput(UNITS, (key, ts))
@@ -312,6 +317,8 @@ class WithholdReleaseBatch(_UserStage):
             pending[key] = [step, agg]
         for key, (step, agg) in pending.items():
             yield from self._emit(key, step, agg)
+        for record in capped_records(self._transform, over):
+            yield pvalue.TaggedOutput(INVALID, record)
 
     def _emit(self, key, step, agg):
         """The outputs for a user's aggregate of (key, step), in the order they are made."""

@@ -3,13 +3,16 @@
 import pickle
 import random
 
+import apache_beam as beam
 import numpy as np
 import pytest
 from apache_beam import pvalue
+from apache_beam.testing.util import assert_that, equal_to
 from apache_beam.transforms.window import GlobalWindow
 from apache_beam.utils.timestamp import Timestamp
 
 from dp_beam.mechanisms.continual_mean import MeanParams, mean_config
+from dp_beam.transforms.contributions import CountCapped, capped_records
 from dp_beam.transforms.events import CAPPED, INVALID
 from dp_beam.transforms.keys import UNITS
 from dp_beam.transforms import mean_users
@@ -17,6 +20,7 @@ from dp_beam.transforms.mean_aggregates import MergeAggregates, accumulator, mer
 from dp_beam.transforms.mean_users import (PrepareMeanEvents, WithholdRelease,
                                            WithholdReleaseBatch, WithholdReleaseTotals)
 from dp_beam.transforms.stream_keys import shard_of
+from tests.beam_util import batch_options
 
 STEP_MICROS = 10_000_000     # 10-second steps
 M = 4
@@ -96,16 +100,41 @@ def test_batch_stage_matches_the_streaming_stage_fed_in_event_time_order():
     for user, events in _events(seed=4):
         out, tagged = _split(batch.process((user, events)))
         batch_out += out
-        batch_capped += tagged.get(CAPPED, [])
+        assert CAPPED not in tagged
+        batch_capped += tagged.get(INVALID, [])
         cell = _Cell()
         for key, value, ts in sorted(events, key=lambda e: e[2]):
             out, tagged = _split(streaming.process((user, (key, value, ts)), state=cell))
             # The streaming stage stamps the aggregate; the step windows place it.
             stream_out += [((k, Timestamp.of(tv.timestamp).micros // STEP_MICROS), agg)
                            for tv in out for k, agg in [tv.value]]
-            stream_capped += tagged.get(CAPPED, [])
+            stream_capped += [pvalue.TaggedOutput(CAPPED, tv) for tv in tagged.get(CAPPED, [])]
     assert _per_key_step(batch_out) == _per_key_step(stream_out)
-    assert len(batch_capped) == len(stream_capped) > 0
+    # The batch stage's dead letters are CountCapped's records of the streaming stage's
+    # capped events: every user here has some, and some users several per record.
+    assert batch_capped == capped_records("m", stream_capped)
+    assert len(stream_capped) > len(batch_capped) > 0
+
+
+def test_the_batch_stage_dead_letters_are_those_count_capped_makes_in_a_pipeline():
+    # Two samples past the cap in step 0, one in step 1, and two refused events of key B
+    # with the same time (the example is the smaller repr).
+    events = ([("A", 1.0, float(t)) for t in range(M + 2)] + [("A", 3.0, 12.0)]
+              + [("B", 2.0, 3.5), ("B", 1.0, 3.5)])
+    _, tagged = _split(_stage(WithholdReleaseBatch, max_keys=1).process(("u", events)))
+    streaming, cell, capped = _stage(WithholdRelease, max_keys=1), _Cell(), []
+    for key, value, ts in sorted(events, key=lambda e: e[2]):
+        capped += _split(streaming.process(("u", (key, value, ts)), state=cell))[1].get(CAPPED, [])
+    assert len(capped) == 5
+    with beam.Pipeline(options=batch_options()) as p:
+        records = (p | beam.Create([(tv.value, tv.timestamp) for tv in capped])
+                   | beam.Map(lambda vt: beam.window.TimestampedValue(*vt))
+                   | CountCapped("m", STEP_MICROS / 1e6))
+        assert_that(records, equal_to(tagged[INVALID]))
+    assert sorted((r.reason, r.element["step"], r.count) for r in tagged[INVALID]) == [
+        ("max_keys_per_user (1) exceeded for user", 0, 2),
+        (f"max_samples_per_user ({M}) exceeded for user", 0, 2),
+        (f"max_samples_per_user ({M}) exceeded for user", 1, 1)]
 
 
 def test_samples_past_the_cap_and_keys_past_max_keys_are_capped():
@@ -113,11 +142,12 @@ def test_samples_past_the_cap_and_keys_past_max_keys_are_capped():
     events = [("A", 1.0, float(t)) for t in range(M + 2)] + [("B", 2.0, 3.5)]
     out, tagged = _split(stage.process(("u", events)))
     assert sum(agg.events for _, agg in out) == M
-    reasons = sorted(tv.value[0][0] for tv in tagged[CAPPED])
-    assert reasons == sorted([f"max_samples_per_user ({M}) exceeded for user"] * 2
-                             + ["max_keys_per_user (1) exceeded for user"])
-    (by_key,) = [tv.value for tv in tagged[CAPPED] if tv.value[0][3]]
-    assert by_key[0][4] == "B" and by_key[1] == (3.5, {"key": "B", "value": 2.0})
+    assert sorted((r.reason, r.count) for r in tagged[INVALID]) == [
+        ("max_keys_per_user (1) exceeded for user", 1),
+        (f"max_samples_per_user ({M}) exceeded for user", 2)]
+    (by_key,) = [r for r in tagged[INVALID] if "key" in r.element]
+    assert by_key.element == {"user": "u", "step": 0, "key": "B",
+                              "example": {"key": "B", "value": 2.0}}
 
 
 def test_batch_stage_merges_a_users_aggregates_of_one_step():
@@ -225,7 +255,8 @@ def test_private_key_selection_hears_of_each_users_first_event_per_key(cls):
             for tag, values in _split(stage.process(("u", event), state=cell))[1].items():
                 tagged.setdefault(tag, []).extend(values)
     assert tagged[UNITS] == [("A", 1.0), ("B", 3.0)]
-    assert len(tagged[CAPPED]) == 1
+    # The refused key C: one capped event (streaming), one finished dead letter (batch).
+    assert len(tagged[CAPPED if cls is WithholdRelease else INVALID]) == 1
 
 
 def _prepare(**kw):
