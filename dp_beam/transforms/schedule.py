@@ -16,11 +16,11 @@ picklable :class:`Schedule` the per-event stages and the release DoFn share.
 import datetime
 import math
 import numbers
-from typing import Any, Callable, FrozenSet, Iterable, NamedTuple, Optional, Tuple
+from typing import Any, Callable, Dict, FrozenSet, Iterable, List, NamedTuple, Optional, Tuple
 
 import apache_beam as beam
 
-from dp_beam.transforms.stream_keys import normalize_key
+from dp_beam.transforms.stream_keys import normalize_key, shard_of
 
 __all__ = ["Schedule", "DeclaredKeys", "StreamStart", "NotAdmitted", "resolve_schedule",
            "resolve_keys", "to_seconds"]
@@ -186,6 +186,21 @@ class DeclaredKeys(NamedTuple):
                     _declared_seeds, tuple(sorted(self.keys, key=repr)), start_step
                 ).with_output_types(Tuple[Any, Tuple[int, Any]]))
 
+    def shard_seeds(self, pipeline: beam.Pipeline, start_step: int, shards: int,
+                    label: str = "DeclaredKeys") -> beam.PCollection:
+        """The markers of :meth:`seeds` (a list of keys) routed to ``shards`` shards by
+        :func:`~dp_beam.transforms.stream_keys.shard_of`: ``(shard, [(key, start_step,
+        StreamStart()), ...])``, one element per shard that has keys, in the shape of the
+        partial totals the timer-free sharded release groups with them (a 64th of the
+        elements of one per key, at the default shard count)."""
+        if self.keys is None:
+            raise ValueError("shard_seeds needs a list of keys")
+        return (pipeline
+                | f"{label}Impulse" >> beam.Impulse()
+                | f"{label}Create" >> beam.FlatMap(
+                    _declared_shard_seeds, tuple(sorted(self.keys, key=repr)), start_step, shards
+                ).with_output_types(Tuple[int, Any]))
+
     def side_input(self) -> Optional[beam.pvalue.AsList]:
         """The side input the validation stage reads (``None`` for a list of keys)."""
         if self.pcoll is None:
@@ -197,6 +212,14 @@ def _declared_seeds(unused_impulse, keys, start_step):
     marker = (start_step, StreamStart())
     for key in keys:
         yield key, marker
+
+
+def _declared_shard_seeds(unused_impulse, keys, start_step, shards):
+    marker = StreamStart()
+    routed: Dict[int, List[Any]] = {}
+    for key in keys:
+        routed.setdefault(shard_of(key, shards), []).append((key, start_step, marker))
+    return routed.items()
 
 
 def _open_stream(key, start_step):

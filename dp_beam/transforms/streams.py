@@ -166,6 +166,11 @@ def release_streams(transform: beam.PTransform, events: beam.PCollection,
         return release_in_order(aggregates, spec, (entry, selection_entry), invalids,
                                 seeds=seeds, extra_releases=(admitted,),
                                 extra_accounting=(charged,), **common)
+    if isinstance(declared, DeclaredKeys) and declared.keys is not None and combine_fn is not None:
+        # Already in the shape of the routed totals: one element per shard, not per key.
+        seeds = declared.shard_seeds(events.pipeline, schedule.start_step, common["shards"])
+        return release_in_order(aggregates, spec, (entry,), invalids, seeds=seeds,
+                                routed_seeds=True, **common)
     if isinstance(declared, DeclaredKeys):
         seeds = declared.seeds(events.pipeline, schedule.start_step)
     else:
@@ -181,7 +186,8 @@ def release_in_order(aggregates: beam.PCollection, spec: ReleaseSpec, plan: Iter
                      extra_releases: Iterable[beam.PCollection] = (),
                      extra_accounting: Iterable[beam.PCollection] = (),
                      allowed_lateness: Optional[float] = None, shards: int = 0,
-                     combine_fn: Optional[beam.CombineFn] = None) -> ContinualResult:
+                     combine_fn: Optional[beam.CombineFn] = None,
+                     routed_seeds: bool = False) -> ContinualResult:
     """Applies the ordered release to per-step aggregates; the common tail of every transform.
 
     ``aggregates`` are ``(key, (step, aggregate))`` in the global window and
@@ -210,16 +216,20 @@ def release_in_order(aggregates: beam.PCollection, spec: ReleaseSpec, plan: Iter
     accumulators of that fn already routed to their shards, ``(shard,
     [(key, step, accumulator), ...])``
     (:class:`~dp_beam.transforms.steps.StepTotals`), merged per (key, step)
-    in the release's own grouping.
+    in the release's own grouping; ``routed_seeds`` says that ``seeds`` are routed the
+    same way (:meth:`~dp_beam.transforms.schedule.DeclaredKeys.shard_seeds`).
     """
     schedule.require_end(bounded, spec.transform)
     if combine_fn is not None and not (shards and bounded and not spec.uses_log):
         raise ValueError("combine_fn needs the sharded release of bounded input")
+    if routed_seeds and combine_fn is None:
+        raise ValueError("routed_seeds needs combine_fn")
     dofn = LoggedReleaseDoFn if spec.uses_log else OrderedReleaseDoFn
     release_fn = dofn(spec, bounded=bounded, late=late, seed=seed, end_step=schedule.end_step,
                       noise_key=noise_key, allowed_lateness=allowed_lateness)
     if combine_fn is not None:
-        released = _release_totals(aggregates, seeds, release_fn, shards, combine_fn)
+        released = _release_totals(aggregates, seeds, release_fn, shards, combine_fn,
+                                   routed_seeds)
         return _result(released, plan, invalids, extra_releases, extra_accounting)
     opened = (aggregates, seeds) | "Open" >> beam.Flatten().with_output_types(KV)
     if shards and (bounded or not spec.uses_log):
@@ -253,12 +263,13 @@ def _seed_entries(kv, shards):
     return shard_of(key, shards), [(key, step, marker)]
 
 
-def _release_totals(totals, seeds, release_fn, shards, combine_fn):
+def _release_totals(totals, seeds, release_fn, shards, combine_fn, routed_seeds=False):
     """The timer-free release of bounded partial totals that arrive routed to their shards
     (:class:`~dp_beam.transforms.steps.StepTotals`): the stream markers join them in the
-    same shape, and one grouping per shard brings each shard its whole input."""
-    routed = seeds | "ShardSeeds" >> beam.Map(_seed_entries, shards).with_output_types(
-        Tuple[int, Any])
+    same shape (routed here unless ``routed_seeds``), and one grouping per shard brings
+    each shard its whole input."""
+    routed = seeds if routed_seeds else seeds | "ShardSeeds" >> beam.Map(
+        _seed_entries, shards).with_output_types(Tuple[int, Any])
     return ((totals, routed)
             | "Open" >> beam.Flatten().with_output_types(Tuple[int, Any])
             | "GroupShard" >> beam.GroupByKey()

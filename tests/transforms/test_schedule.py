@@ -214,3 +214,32 @@ def test_streaming_keys_from_a_pcollection():
     assert sorted((r.key, r.step, r.value) for r in out["r"]) == [
         ("A", 0, 1.0), ("A", 1, 1.0), ("A", 2, 1.0), ("B", 0, 0.0), ("B", 1, 0.0), ("B", 2, 0.0)]
     assert [r.reason for r in out["i"]] == ["undeclared key 'C' (not in keys)"]
+
+
+def test_declared_keys_routed_to_shards_are_the_seeds_grouped_by_shard():
+    from dp_beam.transforms.schedule import DeclaredKeys, StreamStart
+    from dp_beam.transforms.stream_keys import shard_of
+    declared = DeclaredKeys(frozenset(f"k{i}" for i in range(40)) | {7, ("a", 1)}, None)
+    seeds = collect(batch_options(), lambda p: {"s": declared.seeds(p, 5)})["s"]
+    routed = collect(batch_options(), lambda p: {"r": declared.shard_seeds(p, 5, 3)})["r"]
+    # One element per shard, holding exactly the seeds of its keys.
+    assert sorted(shard for shard, _ in routed) == [0, 1, 2]
+    flat = [(shard, key, (step, marker)) for shard, entries in routed
+            for key, step, marker in entries]
+    assert sorted(flat, key=repr) == sorted(
+        [(shard_of(key, 3), key, value) for key, value in seeds], key=repr)
+    assert len(flat) == 42 and all(marker == StreamStart() for *_, (_, marker) in flat)
+    with pytest.raises(ValueError, match="list of keys"):
+        DeclaredKeys(None, None).shard_seeds(None, 5, 3)
+
+
+def test_the_bounded_sharded_release_routes_declared_keys_without_a_step_per_key():
+    p = beam.Pipeline(options=batch_options())
+    _ = (p | beam.Create([("a", 1.0)])
+         | dpb.ContinualCount(epsilon=1.0, step=1.0, start=0, end=4, key_fn=lambda e: e[0],
+                              keys=["a", "b"], timestamp_fn=lambda e: e[1]))
+    labels = [t.unique_name for t in p.to_runner_api().components.transforms.values()]
+    assert not any("ShardSeeds" in label for label in labels)
+    assert any(label.endswith("DeclaredKeysCreate") for label in labels)
+    # (A declared key without events still releases every step on this path:
+    # test_count_of_a_declared_key_without_events_releases_zeros_every_step.)
