@@ -60,6 +60,10 @@ privacy loss at the outputs was 12.4, against 0.1). So:
   64-bit draws in one step, probability below k²/2^65 for k tied points,
   keep the aggregate's order, which comes from the runner, not from content.)
 
+Only points that share their event time (and id) with another point of the
+step are ever compared by their tie-breaker, so only theirs is computed: the
+order, and every release, is the one all tie-breakers would give.
+
 The tie-breaker is computed in the release stage from the key and the step's
 points, so it is replay-stable like the noise: a retried firing, a replay or
 a re-run with the same ``noise_key`` on the same data orders the ties, and
@@ -71,6 +75,7 @@ content-dependent, but only where the noise is not private anyway. Tests of
 the production order inject tie-breakers or pass ``id_fn``.
 """
 
+import collections
 import datetime
 from typing import Any, Callable, Dict, Optional, Sequence, Type, Union
 
@@ -84,12 +89,12 @@ from dp_beam.mechanisms.noise import NoiseSource
 from dp_beam.mechanisms.noise_key import NoiseKey
 from dp_beam.records import LedgerEntry
 from dp_beam.records_erm import ModelRecord
-from dp_beam.transforms.erm_points import CollectPoints, PreparePoints
+from dp_beam.transforms.erm_points import CollectPoints, PreparePoints, PreparePointTotals
 from dp_beam.transforms.events import INVALID, TRANSIENT_ERRORS, check_transient_errors
 from dp_beam.transforms.release_spec import ReleaseSpec, key_label
 from dp_beam.transforms.steps import in_global_window, per_step
-from dp_beam.transforms.streams import (private_keys, release_streams, set_release_options,
-                                        validation)
+from dp_beam.transforms.streams import (private_keys, raw_steps, release_shards, release_streams,
+                                        set_release_options, validation)
 
 NEIGHBOURS = "replace one event (the event count per stream is public: blocks are count-triggered)"
 
@@ -135,10 +140,14 @@ class ERMReleaseSpec(ReleaseSpec):
         """
         points = list(aggregate)
         if points and any(p[1][1] is None for p in points):
+            # The sort compares tie-breakers only within a group of equal (ts, id): a point
+            # alone in its group keeps None (a keyed draw per point was most of the cost of
+            # ordering a step without ties, the usual case).
+            groups = collections.Counter((p[0], p[1][0]) for p in points)
             seen = {}
             keyed = []
             for ts, (event_id, tiebreak), features, label in points:
-                if tiebreak is None:
+                if tiebreak is None and groups[ts, event_id] > 1:
                     content = (ts, tuple(features), self._class_index.get(label, -1))
                     occurrence = seen.get(content, 0)
                     seen[content] = occurrence + 1
@@ -260,20 +269,28 @@ class _ERMTransform(beam.PTransform):
         # The schedule decides the steps, not the input's windows (design D2.1).
         events = in_global_window(events, "EventWindow")
         schedule, declared, side = validation(self)
-        prepared = events | "Validate" >> beam.ParDo(PreparePoints(
-            label, self._features_fn, self._label_fn, probe.loss.n_features, probe.loss.classes,
-            probe.loss.feature_bound, self._key_fn, self._timestamp_fn, schedule, declared,
-            id_fn=self._id_fn, reproducible=self._seed is not None,
-            seed=self._seed if isinstance(self._seed, int) else None,
-            transient_errors=self._transient),
-            **side).with_outputs(INVALID, main="valid")
-        invalids = [prepared[INVALID]]
-        aggregates = per_step(prepared.valid, CollectPoints(), self._step, self._step_micros,
-                              events.is_bounded)
+        args = (label, self._features_fn, self._label_fn, probe.loss.n_features,
+                probe.loss.classes, probe.loss.feature_bound, self._key_fn, self._timestamp_fn,
+                schedule, declared)
+        options = dict(id_fn=self._id_fn, reproducible=self._seed is not None,
+                       seed=self._seed if isinstance(self._seed, int) else None,
+                       transient_errors=self._transient)
         entry = self.plan_entry(label)
         spec = ERMReleaseSpec(label, self._step, self._stream_cls, self._args, entry,
                               self._noise_key)
-        return release_streams(self, events, aggregates, spec, entry, invalids)
+        if raw_steps(self, events):
+            # The sharded release of bounded input groups per shard anyway: each bundle's
+            # points go there gathered per (key, step), merged by the release.
+            prepared = events | "Validate" >> beam.ParDo(PreparePointTotals(
+                *args, step_micros=self._step_micros, shards=release_shards(self, events),
+                **options), **side).with_outputs(INVALID, main="valid")
+            return release_streams(self, events, prepared.valid, spec, entry,
+                                   [prepared[INVALID]], combine_fn=CollectPoints())
+        prepared = events | "Validate" >> beam.ParDo(PreparePoints(*args, **options),
+                                                     **side).with_outputs(INVALID, main="valid")
+        aggregates = per_step(prepared.valid, CollectPoints(), self._step, self._step_micros,
+                              events.is_bounded)
+        return release_streams(self, events, aggregates, spec, entry, [prepared[INVALID]])
 
 
 #: Parameters of the public ERM transforms passed to :class:`_ERMTransform` by position.

@@ -9,15 +9,18 @@ a point's content, is the business of :mod:`dp_beam.transforms.erm`.
 
 import hashlib
 import math
+from typing import Any, List, Tuple
 
 import apache_beam as beam
 from apache_beam.metrics import Metrics
 
 from dp_beam.transforms.event_ids import id_key
 from dp_beam.transforms.events import NAMESPACE, TRANSIENT_ERRORS, ValidatingDoFn
-from dp_beam.transforms.stream_keys import KV
+from dp_beam.transforms.steps import BundleTotals
+from dp_beam.transforms.stream_keys import KV, StreamKey
 
-__all__ = ["CollectPoints", "PreparePoints", "reproducible_tiebreak"]
+__all__ = ["CollectPoints", "MAX_BUNDLE_POINTS", "PreparePointTotals", "PreparePoints",
+           "reproducible_tiebreak"]
 
 
 def reproducible_tiebreak(seed, ts, features, class_index):
@@ -64,35 +67,39 @@ class PreparePoints(ValidatingDoFn):
         self._clipped = Metrics.counter(NAMESPACE, f"{transform}.clipped")
 
     def process(self, element, timestamp=beam.DoFn.TimestampParam, declared=None):
+        out = self._point(element, timestamp, declared)
+        if type(out) is tuple:
+            key, point = out
+            return (beam.window.TimestampedValue((key, point), point[0]),)
+        return (out,)
+
+    def _point(self, element, timestamp, declared):
+        """``(key, (ts, (id, tiebreak), features, label))`` of a valid ``element``, else its
+        dead letter."""
         ts, key, err = self._time_and_key(element, timestamp, declared)
         if err:
-            yield self._reject(element, err, timestamp)
-            return
+            return self._reject(element, err, timestamp)
         event_id = ()
         if self._id_fn is not None:
             raw_id, err = self._call("id_fn", self._id_fn, element)
             if not err:
                 event_id, err = id_key(raw_id)
             if err:
-                yield self._reject(element, err, timestamp)
-                return
+                return self._reject(element, err, timestamp)
         features, err = self._features(self._features_fn, self._d, element)
         if err:
-            yield self._reject(element, err, timestamp)
-            return
+            return self._reject(element, err, timestamp)
         label, err = self._call("label_fn", self._label_fn, element)
         if err:
-            yield self._reject(element, err, timestamp)
-            return
+            return self._reject(element, err, timestamp)
         try:
             index = self._class_index.get(label)
         except TypeError:
             # Unhashable: the release could not look it up (an array label equal to a class).
             index = None
         if index is None:
-            yield self._reject(
+            return self._reject(
                 element, f"label {label!r:.80} is not one of classes {self._classes!r}", timestamp)
-            return
         label = self._classes[index]
         # hypot does not overflow where the sum of squares would (a huge vector
         # would otherwise be scaled to zero instead of to the bound).
@@ -106,7 +113,7 @@ class PreparePoints(ValidatingDoFn):
             features = [x * (self._bound / norm) for x in features]
         features = tuple(features)
         tiebreak = reproducible_tiebreak(self._seed, ts, features, index) if self._reproducible else None
-        yield beam.window.TimestampedValue((key, (ts, (event_id, tiebreak), features, label)), ts)
+        return key, (ts, (event_id, tiebreak), features, label)
 
 
 class CollectPoints(beam.CombineFn):
@@ -120,10 +127,49 @@ class CollectPoints(beam.CombineFn):
         return acc
 
     def merge_accumulators(self, accs):
-        out = []
+        # Into the first list (a CombineFn may modify its first accumulator): the
+        # release merges a step's partial lists one at a time, which copying would
+        # make quadratic in their number.
+        accs = iter(accs)
+        out = next(accs, None)
+        if out is None:
+            return []
         for a in accs:
             out.extend(a)
         return out
 
     def extract_output(self, acc):
         return acc
+
+
+#: Points a bundle of :class:`PreparePointTotals` holds before it sends them on (its memory).
+MAX_BUNDLE_POINTS = 1 << 16
+
+
+@beam.typehints.with_output_types(Tuple[int, List[Tuple[StreamKey, int, Any]]])
+class PreparePointTotals(BundleTotals, PreparePoints):
+    """:class:`PreparePoints` for the sharded release of bounded input: the same checks, dead
+    letters and points, gathered per (key, step) over the bundle into lists
+    (:class:`CollectPoints`) and sent on grouped by shard (:class:`~dp_beam.transforms.steps.
+    StepTotals`), at most :data:`MAX_BUNDLE_POINTS` points at a time, for the release to
+    merge (``release_streams(..., combine_fn=CollectPoints())``).
+
+    An element per point cost a window assignment, a step-keying DoFn and a combine's
+    grouping before the shard's. The release sorts a step's points by a key that never
+    depends on their order (:meth:`~dp_beam.transforms.erm.ERMReleaseSpec.ordered`), so
+    the lists' order changes nothing and the records are those of the per-key path.
+    The step is that of the event time as a Beam timestamp holds it (whole microseconds,
+    truncated), as the per-point element's timestamp would give it.
+    """
+
+    def __init__(self, *args: Any, step_micros: int, shards: int, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._init_totals(CollectPoints(), step_micros, shards, MAX_BUNDLE_POINTS)
+
+    def process(self, element, timestamp=beam.DoFn.TimestampParam, declared=None):
+        out = self._point(element, timestamp, declared)
+        if type(out) is tuple:
+            key, point = out
+            # Timestamp(seconds) keeps int(seconds · 10^6) microseconds.
+            return self._totals.add(key, int(point[0] * 1_000_000), point)
+        return (out,)

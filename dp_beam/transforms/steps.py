@@ -15,7 +15,7 @@ from apache_beam.utils.windowed_value import WindowedValue
 from dp_beam.transforms.events import UNBOUNDED_LATENESS, PrepareEvents
 from dp_beam.transforms.stream_keys import KV, StreamKey, shard_of
 
-__all__ = ["by_shard", "EventStepTotals", "global_element", "in_global_window", "KeyByStep",
+__all__ = ["BundleTotals", "by_shard", "EventStepTotals", "global_element", "in_global_window", "KeyByStep",
            "MAX_BUNDLE_TOTALS", "PrepareStepTotals", "shard_count", "StepEnd", "StepOf", "StepTotals",
            "per_step"]
 
@@ -64,7 +64,10 @@ class StepTotals:
     A (key, step) element each would cost the runner an element's dispatch,
     encoding and grouping per release (design D1.4). Exact only for a
     combine whose merge does not depend on the order (the counts and the
-    exact sums of the continual totals).
+    exact sums of the continual totals; the ERM's lists of points, which the
+    release sorts by a key that never depends on their order).
+    ``max_inputs``: also emit once the table holds that many inputs (for
+    accumulators that grow with their inputs, such as lists of points).
 
     >>> totals = StepTotals(beam.combiners.CountCombineFn(), step_micros=10, shards=1)
     >>> totals.add("k", 3, 1.0), totals.add("k", 7, 1.0), totals.add("k", 12, 1.0)
@@ -73,15 +76,18 @@ class StepTotals:
     [(0, [('k', 0, 2), ('k', 1, 1)])]
     """
 
-    def __init__(self, combine_fn: beam.CombineFn, step_micros: int, shards: int) -> None:
+    def __init__(self, combine_fn: beam.CombineFn, step_micros: int, shards: int,
+                 max_inputs: Optional[int] = None) -> None:
         self._fn = combine_fn
         self._step_micros = step_micros
         self._shards = shard_count(shards)
         self._accumulators = {}
+        self._max_inputs = max_inputs
+        self._inputs = 0
 
     def add(self, key: Any, micros: int, value: Any) -> Sequence[WindowedValue]:
         """Adds an event at ``micros``; returns what to emit now (nothing, or the whole table
-        once it holds :data:`MAX_BUNDLE_TOTALS` entries)."""
+        once it holds :data:`MAX_BUNDLE_TOTALS` entries or ``max_inputs`` inputs)."""
         slot = (key, micros // self._step_micros)
         accumulators = self._accumulators
         acc = accumulators.get(slot)
@@ -90,12 +96,17 @@ class StepTotals:
         accumulators[slot] = self._fn.add_input(acc, value)
         if len(accumulators) >= MAX_BUNDLE_TOTALS:
             return self.flush()
+        if self._max_inputs is not None:
+            self._inputs += 1
+            if self._inputs >= self._max_inputs:
+                return self.flush()
         return ()
 
     def flush(self) -> List[WindowedValue]:
         """The gathered accumulators, one global-window element per shard; the table starts
         empty again."""
         accumulators, self._accumulators = self._accumulators, {}
+        self._inputs = 0
         return by_shard(accumulators.items(), self._shards, self._step_micros)
 
 
@@ -128,12 +139,13 @@ def by_shard(entries: Iterable[Tuple[Tuple[Any, int], Any]], shards: int,
             for shard, got in shard_entries.items()]
 
 
-class _BundleTotals:
+class BundleTotals:
     """The bundle lifecycle of a DoFn that gathers :class:`StepTotals`: a fresh table per
     bundle, flushed at its end. The arguments are validated once, at construction."""
 
-    def _init_totals(self, combine_fn: beam.CombineFn, step_micros: int, shards: int) -> None:
-        self._totals_args = (combine_fn, step_micros, shards)
+    def _init_totals(self, combine_fn: beam.CombineFn, step_micros: int, shards: int,
+                     max_inputs: Optional[int] = None) -> None:
+        self._totals_args = (combine_fn, step_micros, shards, max_inputs)
         self._totals = StepTotals(*self._totals_args)
 
     def start_bundle(self):
@@ -144,7 +156,7 @@ class _BundleTotals:
 
 
 @beam.typehints.with_output_types(Tuple[int, List[Tuple[StreamKey, int, Any]]])
-class EventStepTotals(_BundleTotals, beam.DoFn):
+class EventStepTotals(BundleTotals, beam.DoFn):
     """``(key, value)`` events in the global window → ``(shard, [(key, step, accumulator),
     ...])``: the bundle's partial totals per (key, step) grouped by shard
     (:class:`StepTotals`), for a release that merges them itself."""
@@ -158,7 +170,7 @@ class EventStepTotals(_BundleTotals, beam.DoFn):
 
 
 @beam.typehints.with_output_types(Tuple[int, List[Tuple[StreamKey, int, Any]]])
-class PrepareStepTotals(_BundleTotals, PrepareEvents):
+class PrepareStepTotals(BundleTotals, PrepareEvents):
     """:class:`~dp_beam.transforms.events.PrepareEvents` and :class:`EventStepTotals` in one
     pass, for events in the global window without ``user_fn``: the same checks and dead
     letters, then the bundle's partial totals per (key, step) instead of one timestamped

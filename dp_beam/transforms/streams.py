@@ -220,7 +220,7 @@ def release_in_order(aggregates: beam.PCollection, spec: ReleaseSpec, plan: Iter
     same way (:meth:`~dp_beam.transforms.schedule.DeclaredKeys.shard_seeds`).
     """
     schedule.require_end(bounded, spec.transform)
-    if combine_fn is not None and not (shards and bounded and not spec.uses_log):
+    if combine_fn is not None and not (shards and bounded):
         raise ValueError("combine_fn needs the sharded release of bounded input")
     if routed_seeds and combine_fn is None:
         raise ValueError("routed_seeds needs combine_fn")

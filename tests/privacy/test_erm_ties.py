@@ -293,6 +293,39 @@ def test_production_tiebreakers_are_keyed_and_replay_stable():
     assert [p[1][1] for p in spec(key).ordered("B", points)] != breakers
 
 
+def test_only_tied_points_draw_tie_breakers_and_the_order_is_that_of_drawing_them_all():
+    import random
+
+    def spec(key):
+        return transforms_erm.ERMReleaseSpec("erm", 10.0, None, {"classes": [0, 1]}, None, key)
+
+    key = dpb.NoiseKey.from_bytes(bytes(range(32)))
+    rnd = random.Random(5)
+    # A step with lone points, ties in time, ties in (time, id), and identical points.
+    points = [(float(rnd.randrange(4)), ((rnd.randrange(2),), None),
+               (rnd.randrange(3) / 4, 0.5), rnd.randrange(2)) for _ in range(40)]
+    points += [(4.0 + i, ((0,), None), (0.25, 0.5), 1) for i in range(3)]
+    rnd.shuffle(points)
+    ordered = spec(key).ordered("A", points)
+    groups = {}
+    for ts, (event_id, _), _, _ in points:
+        groups[ts, event_id] = groups.get((ts, event_id), 0) + 1
+    for ts, (event_id, tiebreak), _, _ in ordered:
+        assert (tiebreak is None) == (groups[ts, event_id] == 1)
+    # Every point given the keyed draw of its (time, content, occurrence): the same order.
+    seen, everyone = {}, []
+    for ts, (event_id, _), features, label in points:
+        content = (ts, tuple(features), label)
+        occurrence = seen.get(content, 0)
+        seen[content] = occurrence + 1
+        draw = key.stream("erm.tiebreak", "erm", "A", *content, occurrence).randbits(64)
+        everyone.append((ts, (event_id, draw), features, label))
+    everyone.sort(key=lambda p: (p[0], p[1]))
+    assert [(p[0], p[1][0], p[2], p[3]) for p in ordered] == [
+        (p[0], p[1][0], p[2], p[3]) for p in everyone]
+    assert sum(n == 1 for n in groups.values()) >= 3 and max(groups.values()) > 2
+
+
 def test_test_modes_break_ties_reproducibly_and_ids_come_first():
     seeded = _prepare(reproducible=True, seed=7)
     point = {"ts": TS, "x": [0.1, 0.2], "y": 1}

@@ -69,3 +69,32 @@ def test_collect_points_keeps_every_point_of_the_step():
     b = fn.add_input(fn.create_accumulator(), "p3")
     assert fn.extract_output(fn.merge_accumulators([a, b, fn.create_accumulator()])) == [
         "p1", "p2", "p3"]
+    assert fn.merge_accumulators([]) == []
+
+
+def test_point_totals_gather_a_bundles_points_per_key_and_step_by_shard(monkeypatch):
+    from dp_beam.transforms import erm_points
+    from dp_beam.transforms.stream_keys import shard_of
+    monkeypatch.setattr(erm_points, "MAX_BUNDLE_POINTS", 3)
+    dofn = erm_points.PreparePointTotals(
+        "erm", lambda e: e["x"], lambda e: e["y"], 2, ("no", "yes"), 1.0,
+        key_fn=lambda e: e["k"], timestamp_fn=lambda e: e["ts"], step_micros=10_000_000, shards=2)
+    dofn.start_bundle()
+    point = {"x": [0.1, 0.2], "y": "no"}
+    outs = [list(dofn.process({**point, "ts": ts, "k": k}, timestamp=None))
+            for ts, k in ((1.0, "a"), (2.0, "a"), (15.0, "b"))]
+    # Nothing leaves before the third point; then the table, one element per shard.
+    assert outs[0] == outs[1] == []
+    sent = sorted((shard, entry) for wv in outs[2] for shard, entries in [wv.value]
+                  for entry in entries)
+    assert len(outs[2]) == len({shard_of(k, 2) for k in "ab"})
+    assert sent == sorted([
+        (shard_of("a", 2), ("a", 0, [(1.0, ((), None), (0.1, 0.2), "no"),
+                                     (2.0, ((), None), (0.1, 0.2), "no")])),
+        (shard_of("b", 2), ("b", 1, [(15.0, ((), None), (0.1, 0.2), "no")]))])
+    # A dead letter leaves at once; the rest waits for the end of the bundle.
+    (bad,) = dofn.process({"ts": 3.0, "k": "a", "x": [0.1], "y": "no"}, timestamp=None)
+    assert bad.tag == INVALID
+    assert list(dofn.process({**point, "ts": 4.0, "k": "a"}, timestamp=None)) == []
+    (last,) = list(dofn.finish_bundle())
+    assert last.value == (shard_of("a", 2), [("a", 0, [(4.0, ((), None), (0.1, 0.2), "no")])])

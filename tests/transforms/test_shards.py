@@ -192,6 +192,37 @@ def test_batch_sharded_erm_equals_per_key_erm(cls, extra):
     assert run(3) == per_key
 
 
+def test_batch_sharded_erm_merges_a_steps_points_from_many_partial_lists(monkeypatch):
+    """Bounded input: each bundle sends a step's points on in lists (at most MAX_BUNDLE_POINTS
+    at a time, here 2), which the release merges. Ties in event time, identical points among
+    them, must still reach the stream in the per-key path's order (production tie-breakers)."""
+    from dp_beam.transforms import erm_points
+    monkeypatch.setattr(erm_points, "MAX_BUNDLE_POINTS", 2)
+    keys, steps = 3, 8
+    # Per key and step: two identical points and a third, all at the same time, and one later.
+    events = [(f"k{k}", s * HOUR + 60.0, float(v)) for k in range(keys) for s in range(steps)
+              for v in (k, k, k + 1)]
+    events += [(f"k{k}", s * HOUR + 90.0, float(s % 3)) for k in range(keys) for s in range(steps)]
+
+    def run(shards):
+        def build(p):
+            res = (p | beam.Create(events) | beam.Map(_stamp)
+                   | dpb.ContinualERM(features_fn=lambda e: [e[2] / 5.0, 0.5],
+                                      label_fn=lambda e: int(e[2]) % 2, classes=(0, 1),
+                                      n_features=2, feature_bound=1.0, lam=0.1, block_size=4,
+                                      base_size=8, epsilon=1.0, step=HOUR, start=0,
+                                      end=steps * HOUR, key_fn=lambda e: e[0],
+                                      keys=[f"k{k}" for k in range(keys)], noise_key=KEY,
+                                      shards=shards))
+            return {"releases": res.releases}
+
+        return sorted(repr(r) for r in collect(batch_options(), build)["releases"])
+
+    per_key = run(0)
+    assert per_key
+    assert run(1) == per_key and run(2) == per_key
+
+
 @pytest.mark.parametrize("noise", [{}, dict(noise="gaussian", delta=1e-6)], ids=["tree", "blt"])
 def test_streaming_sharded_release_equals_per_key_release_with_late_data(noise):
     """TestStream: the watermark passes steps in jumps, one event is late (deferred)
