@@ -192,6 +192,32 @@ def test_batch_sharded_erm_equals_per_key_erm(cls, extra):
     assert run(3) == per_key
 
 
+def test_batch_sharded_erm_with_keys_from_a_pcollection_equals_per_key_erm():
+    # Keys known only at run time: their stream markers are routed to the shards in the
+    # pipeline, beside the bundles' lists of points (a declared key without events too).
+    keys, steps = 5, 6
+    events = _events(keys, steps)
+
+    def run(shards):
+        def build(p):
+            declared = p | "keys" >> beam.Create([f"k{k}" for k in range(keys + 1)])
+            res = (p | beam.Create(events) | beam.Map(_stamp)
+                   | dpb.ContinualERM(features_fn=lambda e: [e[2] / 8.0, 0.5],
+                                      label_fn=lambda e: int(e[2]) % 2, classes=(0, 1),
+                                      n_features=2, feature_bound=1.0, lam=0.1, block_size=4,
+                                      base_size=8, epsilon=1.0, step=HOUR, start=0,
+                                      end=steps * HOUR, key_fn=lambda e: e[0], keys=declared,
+                                      noise_key=KEY, shards=shards))
+            return {"releases": res.releases, "accounting": res.accounting, "invalid": res.invalid}
+
+        out = collect(batch_options(), build)
+        return tuple(sorted(repr(r) for r in out[name]) for name in ("releases", "accounting", "invalid"))
+
+    per_key = run(0)
+    assert per_key[0] and len(per_key[1]) == keys + 1 and per_key[2]
+    assert run(2) == per_key
+
+
 def test_batch_sharded_erm_merges_a_steps_points_from_many_partial_lists(monkeypatch):
     """Bounded input: each bundle sends a step's points on in lists (at most MAX_BUNDLE_POINTS
     at a time, here 2), which the release merges. Ties in event time, identical points among
