@@ -127,13 +127,9 @@ class CollectPoints(beam.CombineFn):
         return acc
 
     def merge_accumulators(self, accs):
-        # Into the first list (a CombineFn may modify its first accumulator): the
-        # release merges a step's partial lists one at a time, which copying would
-        # make quadratic in their number.
-        accs = iter(accs)
-        out = next(accs, None)
-        if out is None:
-            return []
+        # A new list: the release merges the partial lists it was given as input, and a
+        # retried bundle must find them as they came.
+        out = []
         for a in accs:
             out.extend(a)
         return out

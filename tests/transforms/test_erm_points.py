@@ -70,6 +70,8 @@ def test_collect_points_keeps_every_point_of_the_step():
     assert fn.extract_output(fn.merge_accumulators([a, b, fn.create_accumulator()])) == [
         "p1", "p2", "p3"]
     assert fn.merge_accumulators([]) == []
+    # Inputs are left as they were.
+    assert a == ["p1", "p2"] and b == ["p3"]
 
 
 def test_point_totals_gather_a_bundles_points_per_key_and_step_by_shard(monkeypatch):
