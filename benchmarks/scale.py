@@ -13,6 +13,8 @@ on one runner in one invocation, the cases interleaved and the median of
 * ``sharded-blt``: the same with Gaussian noise (δ = 1e-6), whose default
   mechanism is BLT;
 * ``sum``: ``ContinualSum`` (values in [0, 4]), sharded;
+* ``user-count``: ``ContinualCount`` at the user level (``privacy_unit="user"``, the
+  mean's two users per key, ``max_contributions`` = the steps), sharded;
 * ``mean``: ``ContinualMean`` (tuned preset), sharded, each event's user
   being its key and slot (2 users per key, ``max_users`` = 2 per key);
 * ``erm-d10``, ``erm-d100``: ``ContinualERM`` (logistic, block 8, base 16)
@@ -60,7 +62,7 @@ build the sharded count's pipeline for N declared keys and translate it to
 the runner API, against the non-private pipeline's.
 
     python benchmarks/scale.py [--keys 10,100,1000] [--steps 72] [--repeats 3]
-        [--cases per-key,sharded,sharded-blt,sum,mean,erm-d10,erm-d100,plain-erm-d10,plain-erm-d100,plain-mean,filled]
+        [--cases per-key,sharded,sharded-blt,sum,user-count,mean,erm-d10,erm-d100,plain-erm-d10,plain-erm-d100,plain-mean,filled]
         [--workers 2] [--mean-users 100,1000,10000,100000 [--mean-keys 10]]
         [--rss-keys 100000] [--state-keys 100000] [--build-keys 100000]
 """
@@ -87,8 +89,8 @@ import dp_beam as dpb  # noqa: E402
 from dp_beam.mechanisms import BinaryTreeMechanism  # noqa: E402
 
 HOUR = 3600.0
-CASES = ("per-key", "sharded", "sharded-blt", "sum", "mean", "plain-mean", "erm-d10", "erm-d100",
-         "plain-erm-d10", "plain-erm-d100", "filled")
+CASES = ("per-key", "sharded", "sharded-blt", "sum", "user-count", "mean", "plain-mean", "erm-d10",
+         "erm-d100", "plain-erm-d10", "plain-erm-d100", "filled")
 ERM_BLOCK, ERM_LAMBDA = 8, 0.1
 #: Events per user on the mean's users axis (``--mean-users``).
 USER_EVENTS = 4
@@ -219,6 +221,9 @@ def private_transform(case, keys, steps, max_users=None):
         return dpb.ContinualCount(noise="gaussian", delta=1e-6, **common)
     if case == "sum":
         return dpb.ContinualSum(value_fn=lambda e: e[2], lower=0.0, upper=4.0, **common)
+    if case == "user-count":
+        return dpb.ContinualCount(privacy_unit="user", user_fn=_user_of, max_contributions=steps,
+                                  **common)
     if case == "mean":
         return dpb.ContinualMean(user_fn=_user_of,
                                  value_fn=lambda e: e[2], lower=0.0, upper=4.0,

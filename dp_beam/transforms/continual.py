@@ -25,7 +25,8 @@ from dp_beam.mechanisms.counting.postprocess import MonotoneRelease
 from dp_beam.mechanisms.counting.registry import default_mechanism, get_mechanism
 from dp_beam.mechanisms.noise_key import NoiseKey
 from dp_beam.records import LedgerEntry, Release
-from dp_beam.transforms.contributions import BoundContributions, CountCapped
+from dp_beam.transforms.contributions import (BoundContributions, BoundContributionsBatch,
+                                              CountCapped, PrepareUserEventsBatch)
 from dp_beam.transforms.events import (CAPPED, INVALID, TRANSIENT_ERRORS, PrepareEvents,
                                        check_callable, check_transient_errors)
 from dp_beam.transforms.keys import UNITS, EventUnits
@@ -384,6 +385,9 @@ class _ContinualTotal(beam.PTransform):
                         .with_outputs(INVALID, main="valid"))
             return self._release(events, prepared.valid, [prepared[INVALID]], None, step_total)
 
+        if self._unit == "user" and events.is_bounded:
+            return self._bounded_per_user(events, label, prepare, side, selecting, step_total,
+                                          shards if lifted else None)
         prepared = events | "Validate" >> beam.ParDo(PrepareEvents(label, **prepare),
                                                      **side).with_outputs(INVALID, main="valid")
         invalids = [prepared[INVALID]]
@@ -407,6 +411,28 @@ class _ContinualTotal(beam.PTransform):
         aggregates = per_step(valid, step_total, self._step, self._step_micros,
                               events.is_bounded, self._fanout)
         return self._release(events, aggregates, invalids, units, None)
+
+    def _bounded_per_user(self, events, label, prepare, side, selecting, step_total, shards):
+        """Bounded input, user level: each user's events grouped and capped in event-time order
+        (:class:`~dp_beam.transforms.contributions.BoundContributionsBatch`, no state), then
+        the release; ``shards`` (the sharded release) gathers the kept events per bundle."""
+        prepared = (events
+                    | "Validate" >> beam.ParDo(PrepareUserEventsBatch(label, **prepare), **side)
+                    .with_outputs(INVALID, main="valid"))
+        max_keys = selecting.max_keys_per_unit if selecting is not None else None
+        lifted = shards is not None
+        bounded = (prepared.valid
+                   | "PerUser" >> beam.GroupByKey()
+                   | "BoundContributions" >> beam.ParDo(BoundContributionsBatch(
+                       label, self._max_contributions, max_keys, self._step_micros,
+                       step_total if lifted else None, shards))
+                   .with_outputs(INVALID, UNITS, main="kept"))
+        invalids = [prepared[INVALID], bounded[INVALID]]
+        if lifted:
+            return self._release(events, bounded.kept, invalids, bounded[UNITS], step_total)
+        aggregates = per_step(bounded.kept, step_total, self._step, self._step_micros, True,
+                              self._fanout)
+        return self._release(events, aggregates, invalids, bounded[UNITS], None)
 
     def _release(self, events, aggregates, invalids, units, combine_fn):
         """The ordered release of the per-step ``aggregates`` (partial totals of

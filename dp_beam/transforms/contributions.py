@@ -9,6 +9,7 @@ the ``capped`` output and become one ``invalid`` record per (reason, user,
 step) (:class:`CountCapped`), so input = used + invalid still holds.
 """
 
+import itertools
 from typing import Any, Dict, Iterable, List, Optional
 
 import apache_beam as beam
@@ -17,12 +18,16 @@ from apache_beam.coders import PickleCoder, VarIntCoder
 from apache_beam.metrics import Metrics
 from apache_beam.transforms.userstate import ReadModifyWriteStateSpec
 from apache_beam.transforms.window import FixedWindows, GlobalWindows
+from apache_beam.utils.timestamp import Timestamp
 
 from dp_beam.records import InvalidElement
-from dp_beam.transforms.events import CAPPED, NAMESPACE, UNBOUNDED_LATENESS
+from dp_beam.transforms.events import (CAPPED, INVALID, NAMESPACE, UNBOUNDED_LATENESS,
+                                       PrepareEvents)
+from dp_beam.transforms.steps import BundleTotals, global_element
 from dp_beam.transforms.stream_keys import KV
 
-__all__ = ["BoundContributions", "capped", "capped_records", "CountCapped"]
+__all__ = ["BoundContributions", "BoundContributionsBatch", "capped", "capped_records",
+           "CountCapped", "PrepareUserEventsBatch"]
 
 
 def capped(reason: str, user: Any, step: int, example: Dict[str, Any], ts: float,
@@ -90,6 +95,132 @@ class BoundContributions(beam.DoFn):
                 yield pvalue.TaggedOutput("units", (key, timestamp.micros / 1e6))
         count.write(used + 1)
         yield key, value
+
+
+#: Valid events a bundle of :class:`PrepareUserEventsBatch` holds before it sends them on.
+MAX_BUNDLE_EVENTS = 1 << 16
+
+
+@beam.typehints.with_output_types(KV)
+class PrepareUserEventsBatch(PrepareEvents):
+    """:class:`~dp_beam.transforms.events.PrepareEvents` with ``user_fn`` for bounded input: the
+    same checks and dead letters, a bundle's valid events gathered per user,
+    ``(user, [(key, value, micros), ...])`` (``micros``: the event time as a Beam timestamp
+    holds it), for :class:`BoundContributionsBatch` after a grouping by user.
+
+    An element per event cost the runner a dispatch, an encoding and a decoding per
+    event on its way through the grouping; here that is paid per user and bundle. A
+    bundle sends its users' lists on at its end, or whenever it holds
+    :data:`MAX_BUNDLE_EVENTS` events, in the global window at the earliest of their times.
+    """
+
+    def start_bundle(self):
+        self._users, self._held, self._earliest = {}, 0, None
+
+    def process(self, element, timestamp=beam.DoFn.TimestampParam, declared=None):
+        ts, key, user, value, err = self._prepare(element, timestamp, declared)
+        if err:
+            return (self._reject(element, err, timestamp),)
+        # Timestamp(seconds) keeps int(seconds · 10^6) microseconds.
+        micros = int(ts * 1_000_000)
+        events = self._users.get(user)
+        if events is None:
+            self._users[user] = [(key, value, micros)]
+        else:
+            events.append((key, value, micros))
+        if self._earliest is None or micros < self._earliest:
+            self._earliest = micros
+        self._held += 1
+        if self._held >= MAX_BUNDLE_EVENTS:
+            return self._flush()
+        return ()
+
+    def finish_bundle(self):
+        return self._flush()
+
+    def _flush(self):
+        users, earliest = self._users, self._earliest
+        self._users, self._held, self._earliest = {}, 0, None
+        if not users:
+            return []
+        stamp = Timestamp(micros=earliest)
+        return [global_element(kv, stamp) for kv in users.items()]
+
+
+def _event_order(event):
+    """A user's events in event-time order; ties by key and value, so that the events kept
+    do not depend on the order the grouping gives them."""
+    key, value, micros = event
+    return micros, repr(key), value
+
+
+class BoundContributionsBatch(BundleTotals, beam.DoFn):
+    """:class:`BoundContributions` for bounded input, without state: a user's events, grouped
+    (``(user, [[(key, value, micros), ...], ...])``, :class:`PrepareUserEventsBatch`), are
+    taken in event-time order (ties by key and value), and the first ``max_contributions``
+    are kept (with ``max_keys``, only under the user's first ``max_keys`` keys).
+
+    Kept events leave as ``(key, value)`` at their event time in the global window, or,
+    with ``combine_fn``, gathered per (key, step) over the bundle and sent on grouped by
+    shard (:class:`~dp_beam.transforms.steps.StepTotals`) for the sharded release.
+    First events of a user under a key go to ``units`` as ``(key, event time)``; events
+    beyond a cap leave as finished dead letters on ``invalid`` (:func:`capped_records`:
+    the records of :class:`CountCapped`), since every event of the user is in this element.
+
+    Which events are kept differs from the streaming stage's arrival order; any choice of
+    at most the cap per user keeps the sensitivity, and this one does not depend on the
+    runner's order (a rerun keeps the same events). On the batch runners a state cell per
+    user, read and written per event, cost more than the rest of the pipeline.
+    """
+
+    def __init__(self, transform: str, max_contributions: int, max_keys: Optional[int] = None,
+                 step_micros: int = 1, combine_fn: Optional[beam.CombineFn] = None,
+                 shards: Optional[int] = None) -> None:
+        self._transform = transform
+        self._cap = max_contributions
+        self._max_keys = max_keys
+        self._step_micros = step_micros
+        self._lifted = combine_fn is not None
+        if self._lifted:
+            self._init_totals(combine_fn, step_micros, shards)
+        self._over = Metrics.counter(NAMESPACE, f"{transform}.over_contribution")
+        self._over_keys = Metrics.counter(NAMESPACE, f"{transform}.over_keys")
+
+    def start_bundle(self):
+        if self._lifted:
+            super().start_bundle()
+
+    def finish_bundle(self):
+        if self._lifted:
+            yield from super().finish_bundle()
+
+    def process(self, element):
+        user, lists = element
+        cap, max_keys, step_micros = self._cap, self._max_keys, self._step_micros
+        used, seen, over = 0, [], []
+        for key, value, micros in sorted(itertools.chain.from_iterable(lists), key=_event_order):
+            if used >= cap:
+                self._over.inc()
+                over.append(capped(f"max_contributions ({cap}) exceeded for user", user,
+                                   micros // step_micros, {"key": key, "value": value},
+                                   micros / 1e6))
+                continue
+            if max_keys is not None and key not in seen:
+                if len(seen) >= max_keys:
+                    self._over_keys.inc()
+                    over.append(capped(f"max_keys_per_unit ({max_keys}) exceeded for user", user,
+                                       micros // step_micros, {"key": key, "value": value},
+                                       micros / 1e6, key=True))
+                    continue
+                seen.append(key)
+                yield pvalue.TaggedOutput("units", (key, micros / 1e6))
+            used += 1
+            if self._lifted:
+                yield from self._totals.add(key, micros, value)
+            else:
+                yield global_element((key, value), Timestamp(micros=micros))
+        for record in capped_records(self._transform, over):
+            yield pvalue.TaggedOutput(INVALID, record)
 
 
 class _CountAndExample(beam.CombineFn):

@@ -60,3 +60,71 @@ def test_count_capped_gives_one_dead_letter_per_reason_user_and_step():
     assert sorted((r.count, r.reason) for r in out) == [
         (1, "max_contributions (1) exceeded for user"),
         (2, "max_contributions (1) exceeded for user")]
+
+
+def _batch_run(dofn, users):
+    """Feeds ``{user: [lists of (key, value, seconds)]}`` to the bounded stage, one element per
+    user; returns (kept as (key, value, seconds), dead letters, units)."""
+    from dp_beam.transforms.events import INVALID
+    kept, dead, units = [], [], []
+    dofn.start_bundle()
+    outs = []
+    for user, lists in users.items():
+        grouped = [[(k, v, int(s * 1_000_000)) for k, v, s in part] for part in lists]
+        outs += list(dofn.process((user, grouped)))
+    outs += list(dofn.finish_bundle())
+    for out in outs:
+        if isinstance(out, pvalue.TaggedOutput) and out.tag == INVALID:
+            dead.append(out.value)
+        elif isinstance(out, pvalue.TaggedOutput):
+            units.append(out.value)
+        else:
+            kept.append(out)
+    return kept, dead, units
+
+
+def test_the_bounded_stage_keeps_a_users_earliest_events_whatever_the_grouping_order():
+    from dp_beam.transforms.contributions import BoundContributionsBatch, capped_records
+    # Events out of time order, in two lists; two ties in time (ordered by key, then value).
+    lists = [[("b", 2.0, 12.0), ("a", 3.0, 1.0), ("c", 1.0, 30.0)],
+             [("a", 1.0, 12.0), ("b", 5.0, 40.0), ("a", 0.5, 12.0)]]
+    dofn = BoundContributionsBatch("t", max_contributions=3, max_keys=2, step_micros=STEP_MICROS)
+    kept, dead, units = _batch_run(dofn, {"u": lists})
+    assert [(wv.value, wv.timestamp.micros / 1e6) for wv in kept] == [
+        (("a", 3.0), 1.0), (("a", 0.5), 12.0), (("a", 1.0), 12.0)]
+    assert units == [("a", 1.0)]
+    # The same events in time order through the streaming stage: the same kept events and
+    # capped events, whose records CountCapped would make.
+    stream = BoundContributions("t", max_contributions=3, max_keys=2, step_micros=STEP_MICROS)
+    ordered = sorted((e for part in lists for e in part), key=lambda e: (e[2], e[0], e[1]))
+    s_kept, s_capped, s_units = _run(stream, [("u", (k, v), s) for k, v, s in ordered])
+    assert [wv.value for wv in kept] == s_kept and units == s_units
+    outputs = [pvalue.TaggedOutput(CAPPED, beam.window.TimestampedValue(c, c[1][0]))
+               for c in s_capped]
+    assert dead == capped_records("t", outputs)
+    assert sorted((r.reason, r.element["step"], r.count) for r in dead) == [
+        ("max_contributions (3) exceeded for user", 1, 1),
+        ("max_contributions (3) exceeded for user", 3, 1),
+        ("max_contributions (3) exceeded for user", 4, 1)]
+    # Reversed lists and reversed events within them: the same outputs.
+    again = _batch_run(BoundContributionsBatch("t", max_contributions=3, max_keys=2,
+                                               step_micros=STEP_MICROS),
+                       {"u": [list(reversed(part)) for part in reversed(lists)]})
+    assert [wv.value for wv in again[0]] == [wv.value for wv in kept] and again[1:] == (dead, units)
+
+
+def test_the_bounded_stage_caps_keys_and_gathers_kept_events_per_bundle_by_shard():
+    from dp_beam.transforms.continual import _CountSteps
+    from dp_beam.transforms.contributions import BoundContributionsBatch
+    dofn = BoundContributionsBatch("t", max_contributions=10, max_keys=1, step_micros=STEP_MICROS,
+                                   combine_fn=_CountSteps(), shards=1)
+    kept, dead, units = _batch_run(dofn, {"u": [[("a", 1.0, 1.0), ("b", 1.0, 2.0),
+                                                 ("a", 1.0, 3.0)]],
+                                          "v": [[("b", 1.0, 15.0)]]})
+    assert units == [("a", 1.0), ("b", 15.0)]
+    ((reason, count, element),) = [(r.reason, r.count, r.element) for r in dead]
+    assert reason == "max_keys_per_unit (1) exceeded for user" and count == 1
+    assert element == {"user": "u", "step": 0, "key": "b", "example": {"key": "b", "value": 1.0}}
+    # One element for the bundle's one shard: the kept events' totals per (key, step).
+    ((shard, totals),) = [wv.value for wv in kept]
+    assert shard == 0 and sorted(totals) == [("a", 0, 2), ("b", 1, 1)]

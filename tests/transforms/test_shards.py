@@ -192,6 +192,32 @@ def test_batch_sharded_erm_equals_per_key_erm(cls, extra):
     assert run(3) == per_key
 
 
+@pytest.mark.parametrize("selection", [False, True], ids=["declared", "private-keys"])
+def test_batch_sharded_user_level_count_equals_per_key_count(selection):
+    # Users spread over keys with more events than the cap, so caps bind (dead letters).
+    keys, steps = 4, 5
+    events = [(f"k{(u + j) % keys}", s * HOUR + 60.0 * j, 1.0, f"u{u}")
+              for u in range(80) for s in range(steps) for j in range(u % 4)]
+    declared = (dpb.PrivateKeys(epsilon=5.0, delta=0.5, max_keys_per_unit=2)
+                if selection else [f"k{k}" for k in range(keys)])
+
+    def run(shards):
+        def build(p):
+            res = (p | beam.Create(events) | beam.Map(_stamp)
+                   | dpb.ContinualCount(epsilon=1.0, step=HOUR, start=0, end=steps * HOUR,
+                                        key_fn=lambda e: e[0], keys=declared, noise_key=KEY,
+                                        privacy_unit="user", user_fn=lambda e: e[3],
+                                        max_contributions=5, shards=shards))
+            return {"releases": res.releases, "accounting": res.accounting, "invalid": res.invalid}
+
+        out = collect(batch_options(), build)
+        return tuple(sorted(repr(r) for r in out[name]) for name in ("releases", "accounting", "invalid"))
+
+    per_key = run(0)
+    assert per_key[0] and any("max_contributions (5)" in r for r in per_key[2])
+    assert run(2) == per_key
+
+
 def test_batch_sharded_erm_with_keys_from_a_pcollection_equals_per_key_erm():
     # Keys known only at run time: their stream markers are routed to the shards in the
     # pipeline, beside the bundles' lists of points (a declared key without events too).
