@@ -52,14 +52,13 @@ the events the transform sends to ``.invalid`` for exceeding
 ``max_keys_per_unit`` must be exactly the flights the pandas bounding drops,
 and those it sends there as not admitted exactly the kept flights of the
 other routes; the script asserts all three. Noise-free runs are not private: they only check
-that the pipeline and the engine-free simulation agree. The transform bounds
-each unit to the keys of the flights that reach its per-unit stage first, so
-the input is created in departure order and without ``beam.Create``'s default
-reshuffle (``reshuffle=False``); the second assertion checks, as counts per
-(aircraft, route), that the bound dropped the same flights. With the default
-reshuffle the arrival order is not the departure order, and over the whole
-year the bound then kept a different route for a few aircraft (not the same
-ones from run to run).
+that the pipeline and the engine-free simulation agree. On bounded input the
+transform bounds each unit to the keys of its earliest flights in event time
+(ties by route), as the pandas bound does, whatever order the flights reach it
+in; the second assertion checks, as counts per (aircraft, route), that the bound
+dropped the same flights. (Before, it kept the keys of the flights that arrived
+first, so the input had to be created in departure order and without
+``beam.Create``'s default reshuffle; ``reshuffle=False`` is still passed.)
 
 Usage (from the repository root)::
 
