@@ -23,7 +23,7 @@ from apache_beam.utils.timestamp import Timestamp
 from dp_beam.records import InvalidElement
 from dp_beam.transforms.events import (CAPPED, INVALID, NAMESPACE, UNBOUNDED_LATENESS,
                                        PrepareEvents)
-from dp_beam.transforms.steps import BundleTotals, global_element
+from dp_beam.transforms.steps import BundleTotals, UserEvents, global_element
 from dp_beam.transforms.stream_keys import KV
 
 __all__ = ["BoundContributions", "BoundContributionsBatch", "capped", "capped_records",
@@ -114,8 +114,12 @@ class PrepareUserEventsBatch(PrepareEvents):
     :data:`MAX_BUNDLE_EVENTS` events, in the global window at the earliest of their times.
     """
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._gathered = UserEvents(MAX_BUNDLE_EVENTS)
+
     def start_bundle(self):
-        self._users, self._held, self._earliest = {}, 0, None
+        self._gathered = UserEvents(MAX_BUNDLE_EVENTS)
 
     def process(self, element, timestamp=beam.DoFn.TimestampParam, declared=None):
         ts, key, user, value, err = self._prepare(element, timestamp, declared)
@@ -123,28 +127,17 @@ class PrepareUserEventsBatch(PrepareEvents):
             return (self._reject(element, err, timestamp),)
         # Timestamp(seconds) keeps int(seconds · 10^6) microseconds.
         micros = int(ts * 1_000_000)
-        events = self._users.get(user)
-        if events is None:
-            self._users[user] = [(key, value, micros)]
-        else:
-            events.append((key, value, micros))
-        if self._earliest is None or micros < self._earliest:
-            self._earliest = micros
-        self._held += 1
-        if self._held >= MAX_BUNDLE_EVENTS:
-            return self._flush()
+        if self._gathered.add(user, (key, value, micros), micros):
+            return self.finish_bundle()
         return ()
 
     def finish_bundle(self):
-        return self._flush()
+        gathered, self._gathered = self._gathered, UserEvents(MAX_BUNDLE_EVENTS)
+        return gathered.elements(_timestamp_of_micros)
 
-    def _flush(self):
-        users, earliest = self._users, self._earliest
-        self._users, self._held, self._earliest = {}, 0, None
-        if not users:
-            return []
-        stamp = Timestamp(micros=earliest)
-        return [global_element(kv, stamp) for kv in users.items()]
+
+def _timestamp_of_micros(micros):
+    return Timestamp(micros=micros)
 
 
 def _event_order(event):

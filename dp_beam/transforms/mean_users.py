@@ -29,7 +29,7 @@ from dp_beam.transforms.contributions import capped, capped_records
 from dp_beam.transforms.events import INVALID, NAMESPACE, TRANSIENT_ERRORS, ValidatingDoFn, as_real
 from dp_beam.transforms.keys import UNITS
 from dp_beam.transforms.mean_aggregates import PackedSamples, compacted, merge_into
-from dp_beam.transforms.steps import by_shard, global_element, shard_count
+from dp_beam.transforms.steps import UserEvents, by_shard, shard_count
 from dp_beam.transforms.stream_keys import KV, StreamKey
 
 __all__ = ["PrepareMeanEvents", "PrepareMeanEventsBatch", "WithholdRelease", "WithholdReleaseBatch",
@@ -137,37 +137,23 @@ class PrepareMeanEventsBatch(PrepareMeanEvents):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self._users: Dict[Any, List[Any]] = {}
-        self._held, self._earliest = 0, None
+        self._gathered = UserEvents(MAX_BUNDLE_EVENTS)
 
     def start_bundle(self):
-        self._users, self._held, self._earliest = {}, 0, None
+        self._gathered = UserEvents(MAX_BUNDLE_EVENTS)
 
     def process(self, element, timestamp=beam.DoFn.TimestampParam, declared=None):
         out = self._checked(element, timestamp, declared)
         if type(out) is not tuple:
             return (out,)
         user, event = out
-        events = self._users.get(user)
-        if events is None:
-            self._users[user] = [event]
-        else:
-            events.append(event)
-        if self._earliest is None or timestamp < self._earliest:
-            self._earliest = timestamp
-        self._held += 1
-        if self._held >= MAX_BUNDLE_EVENTS:
-            return self._flush()
+        if self._gathered.add(user, event, timestamp):
+            return self.finish_bundle()
         return ()
 
     def finish_bundle(self):
-        return self._flush()
-
-    def _flush(self):
-        users, earliest = self._users, self._earliest
-        self._users, self._held, self._earliest = {}, 0, None
-        return [global_element(kv, earliest) for kv in users.items()]
-
+        gathered, self._gathered = self._gathered, UserEvents(MAX_BUNDLE_EVENTS)
+        return gathered.elements()
 
 
 def _micros(ts: Any) -> int:

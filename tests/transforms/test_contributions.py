@@ -12,20 +12,27 @@ from tests.fake_state import Cell
 STEP_MICROS = 10_000_000
 
 
+def _split(outs, over_tag):
+    """(main outputs, values on ``over_tag``, values on ``units``)."""
+    kept, over, units = [], [], []
+    for out in outs:
+        if isinstance(out, pvalue.TaggedOutput) and out.tag == over_tag:
+            over.append(out.value)
+        elif isinstance(out, pvalue.TaggedOutput):
+            units.append(out.value)
+        else:
+            kept.append(out)
+    return kept, over, units
+
+
 def _run(dofn, events):
     """Feeds ``(user, (key, value), seconds)`` events to one DoFn with per-user cells."""
-    cells = {}
-    kept, capped, units = [], [], []
+    cells, outs = {}, []
     for user, kv, seconds in events:
         count, keys = cells.setdefault(user, (Cell(), Cell()))
-        for out in dofn.process((user, kv), Timestamp.of(seconds), count, keys):
-            if isinstance(out, pvalue.TaggedOutput) and out.tag == CAPPED:
-                capped.append(out.value.value)
-            elif isinstance(out, pvalue.TaggedOutput):
-                units.append(out.value)
-            else:
-                kept.append(out)
-    return kept, capped, units
+        outs += list(dofn.process((user, kv), Timestamp.of(seconds), count, keys))
+    kept, capped, units = _split(outs, CAPPED)
+    return kept, [tv.value for tv in capped], units
 
 
 def test_a_user_keeps_at_most_max_contributions_events_over_all_keys():
@@ -66,21 +73,13 @@ def _batch_run(dofn, users):
     """Feeds ``{user: [lists of (key, value, seconds)]}`` to the bounded stage, one element per
     user; returns (kept as (key, value, seconds), dead letters, units)."""
     from dp_beam.transforms.events import INVALID
-    kept, dead, units = [], [], []
     dofn.start_bundle()
     outs = []
     for user, lists in users.items():
         grouped = [[(k, v, int(s * 1_000_000)) for k, v, s in part] for part in lists]
         outs += list(dofn.process((user, grouped)))
     outs += list(dofn.finish_bundle())
-    for out in outs:
-        if isinstance(out, pvalue.TaggedOutput) and out.tag == INVALID:
-            dead.append(out.value)
-        elif isinstance(out, pvalue.TaggedOutput):
-            units.append(out.value)
-        else:
-            kept.append(out)
-    return kept, dead, units
+    return _split(outs, INVALID)
 
 
 def test_the_bounded_stage_keeps_a_users_earliest_events_whatever_the_grouping_order():
@@ -128,3 +127,24 @@ def test_the_bounded_stage_caps_keys_and_gathers_kept_events_per_bundle_by_shard
     # One element for the bundle's one shard: the kept events' totals per (key, step).
     ((shard, totals),) = [wv.value for wv in kept]
     assert shard == 0 and sorted(totals) == [("a", 0, 2), ("b", 1, 1)]
+
+
+def test_batch_validation_gathers_a_bundles_events_per_user(monkeypatch):
+    from dp_beam.transforms import contributions
+    from dp_beam.transforms.events import INVALID
+    monkeypatch.setattr(contributions, "MAX_BUNDLE_EVENTS", 3)
+    dofn = contributions.PrepareUserEventsBatch(
+        "t", key_fn=lambda e: e["k"], user_fn=lambda e: e["u"], timestamp_fn=lambda e: e["ts"])
+    dofn.start_bundle()
+    events = [{"k": "a", "u": "x", "ts": 5.0}, {"k": "b", "u": "y", "ts": 2.5},
+              {"k": "a", "u": None, "ts": 1.0}, {"k": "b", "u": "x", "ts": 7.0},
+              {"k": "a", "u": "y", "ts": 9.0}]
+    outs = [list(dofn.process(e, timestamp=None)) for e in events]
+    # The event without a user leaves at once; the third valid event sends the table on.
+    assert outs[0] == outs[1] == outs[4] == [] and outs[2][0].tag == INVALID
+    assert sorted(wv.value for wv in outs[3]) == [
+        ("x", [("a", 1.0, 5_000_000), ("b", 1.0, 7_000_000)]), ("y", [("b", 1.0, 2_500_000)])]
+    assert {wv.timestamp.micros for wv in outs[3]} == {2_500_000}
+    (last,) = dofn.finish_bundle()
+    assert last.value == ("y", [("a", 1.0, 9_000_000)]) and last.timestamp.micros == 9_000_000
+    assert dofn.finish_bundle() == []
