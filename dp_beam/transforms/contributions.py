@@ -23,7 +23,7 @@ from apache_beam.utils.timestamp import Timestamp
 from dp_beam.records import InvalidElement
 from dp_beam.transforms.events import (CAPPED, INVALID, NAMESPACE, UNBOUNDED_LATENESS,
                                        PrepareEvents)
-from dp_beam.transforms.steps import BundleTotals, UserEvents, global_element
+from dp_beam.transforms.steps import BundleTotals, BundleUserEvents, global_element
 from dp_beam.transforms.stream_keys import KV
 
 __all__ = ["BoundContributions", "BoundContributionsBatch", "capped", "capped_records",
@@ -40,8 +40,35 @@ def capped(reason: str, user: Any, step: int, example: Dict[str, Any], ts: float
         ((reason, user, step) + by_key, (ts, example)), ts))
 
 
+class _UserBound(beam.DoFn):
+    """The caps both per-user stages apply, and the ``capped`` output of an event beyond
+    one (counted in the ``over_contribution`` or ``over_keys`` metric)."""
+
+    def __init__(self, transform: str, max_contributions: int, max_keys: Optional[int] = None,
+                 step_micros: int = 1) -> None:
+        self._transform = transform
+        self._cap = max_contributions
+        self._max_keys = max_keys
+        self._step_micros = step_micros
+        self._over = Metrics.counter(NAMESPACE, f"{transform}.over_contribution")
+        self._over_keys = Metrics.counter(NAMESPACE, f"{transform}.over_keys")
+
+    def _past_cap(self, user, key, value, micros):
+        """An event of a user who has used ``max_contributions`` already."""
+        self._over.inc()
+        return capped(f"max_contributions ({self._cap}) exceeded for user", user,
+                      micros // self._step_micros, {"key": key, "value": value}, micros / 1e6)
+
+    def _past_keys(self, user, key, value, micros):
+        """An event under a new key of a user who has ``max_keys`` keys already."""
+        self._over_keys.inc()
+        return capped(f"max_keys_per_unit ({self._max_keys}) exceeded for user", user,
+                      micros // self._step_micros, {"key": key, "value": value}, micros / 1e6,
+                      key=True)
+
+
 @beam.typehints.with_output_types(KV)
-class BoundContributions(beam.DoFn):
+class BoundContributions(_UserBound):
     """Keeps at most ``max_contributions`` events per user, over all keys and all time.
 
     Input ``(user, (key, value))``; output ``(key, value)`` with the event
@@ -63,33 +90,18 @@ class BoundContributions(beam.DoFn):
     COUNT = ReadModifyWriteStateSpec("contributions", VarIntCoder())
     KEYS = ReadModifyWriteStateSpec("keys", PickleCoder())
 
-    def __init__(self, transform: str, max_contributions: int, max_keys: Optional[int] = None,
-                 step_micros: int = 1) -> None:
-        self._transform = transform
-        self._cap = max_contributions
-        self._max_keys = max_keys
-        self._step_micros = step_micros
-        self._over = Metrics.counter(NAMESPACE, f"{transform}.over_contribution")
-        self._over_keys = Metrics.counter(NAMESPACE, f"{transform}.over_keys")
-
     def process(self, element, timestamp=beam.DoFn.TimestampParam,
                 count=beam.DoFn.StateParam(COUNT), keys=beam.DoFn.StateParam(KEYS)):
         user, (key, value) = element
         used = count.read() or 0
         if used >= self._cap:
-            self._over.inc()
-            yield capped(f"max_contributions ({self._cap}) exceeded for user", user,
-                         timestamp.micros // self._step_micros, {"key": key, "value": value},
-                         timestamp.micros / 1e6)
+            yield self._past_cap(user, key, value, timestamp.micros)
             return
         if self._max_keys is not None:
             seen = keys.read() or ()
             if key not in seen:
                 if len(seen) >= self._max_keys:
-                    self._over_keys.inc()
-                    yield capped(f"max_keys_per_unit ({self._max_keys}) exceeded for user", user,
-                                 timestamp.micros // self._step_micros,
-                                 {"key": key, "value": value}, timestamp.micros / 1e6, key=True)
+                    yield self._past_keys(user, key, value, timestamp.micros)
                     return
                 keys.write(seen + (key,))
                 yield pvalue.TaggedOutput("units", (key, timestamp.micros / 1e6))
@@ -101,8 +113,12 @@ class BoundContributions(beam.DoFn):
 MAX_BUNDLE_EVENTS = 1 << 16
 
 
+def _timestamp_of_micros(micros):
+    return Timestamp(micros=micros)
+
+
 @beam.typehints.with_output_types(KV)
-class PrepareUserEventsBatch(PrepareEvents):
+class PrepareUserEventsBatch(BundleUserEvents, PrepareEvents):
     """:class:`~dp_beam.transforms.events.PrepareEvents` with ``user_fn`` for bounded input: the
     same checks and dead letters, a bundle's valid events gathered per user,
     ``(user, [(key, value, micros), ...])`` (``micros``: the event time as a Beam timestamp
@@ -114,12 +130,10 @@ class PrepareUserEventsBatch(PrepareEvents):
     :data:`MAX_BUNDLE_EVENTS` events, in the global window at the earliest of their times.
     """
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self._gathered = UserEvents(MAX_BUNDLE_EVENTS)
+    _stamp = staticmethod(_timestamp_of_micros)
 
-    def start_bundle(self):
-        self._gathered = UserEvents(MAX_BUNDLE_EVENTS)
+    def _user_events_bound(self):
+        return MAX_BUNDLE_EVENTS
 
     def process(self, element, timestamp=beam.DoFn.TimestampParam, declared=None):
         ts, key, user, value, err = self._prepare(element, timestamp, declared)
@@ -127,17 +141,7 @@ class PrepareUserEventsBatch(PrepareEvents):
             return (self._reject(element, err, timestamp),)
         # Timestamp(seconds) keeps int(seconds · 10^6) microseconds.
         micros = int(ts * 1_000_000)
-        if self._gathered.add(user, (key, value, micros), micros):
-            return self.finish_bundle()
-        return ()
-
-    def finish_bundle(self):
-        gathered, self._gathered = self._gathered, UserEvents(MAX_BUNDLE_EVENTS)
-        return gathered.elements(_timestamp_of_micros)
-
-
-def _timestamp_of_micros(micros):
-    return Timestamp(micros=micros)
+        return self._gather(user, (key, value, micros), micros)
 
 
 def _event_order(event):
@@ -147,7 +151,7 @@ def _event_order(event):
     return micros, repr(key), value
 
 
-class BoundContributionsBatch(BundleTotals, beam.DoFn):
+class BoundContributionsBatch(BundleTotals, _UserBound):
     """:class:`BoundContributions` for bounded input, without state: a user's events, grouped
     (``(user, [[(key, value, micros), ...], ...])``, :class:`PrepareUserEventsBatch`), are
     taken in event-time order (ties by key and value), and the first ``max_contributions``
@@ -169,15 +173,10 @@ class BoundContributionsBatch(BundleTotals, beam.DoFn):
     def __init__(self, transform: str, max_contributions: int, max_keys: Optional[int] = None,
                  step_micros: int = 1, combine_fn: Optional[beam.CombineFn] = None,
                  shards: Optional[int] = None) -> None:
-        self._transform = transform
-        self._cap = max_contributions
-        self._max_keys = max_keys
-        self._step_micros = step_micros
+        super().__init__(transform, max_contributions, max_keys, step_micros)
         self._lifted = combine_fn is not None
         if self._lifted:
             self._init_totals(combine_fn, step_micros, shards)
-        self._over = Metrics.counter(NAMESPACE, f"{transform}.over_contribution")
-        self._over_keys = Metrics.counter(NAMESPACE, f"{transform}.over_keys")
 
     def start_bundle(self):
         if self._lifted:
@@ -189,21 +188,15 @@ class BoundContributionsBatch(BundleTotals, beam.DoFn):
 
     def process(self, element):
         user, lists = element
-        cap, max_keys, step_micros = self._cap, self._max_keys, self._step_micros
+        cap, max_keys = self._cap, self._max_keys
         used, seen, over = 0, [], []
         for key, value, micros in sorted(itertools.chain.from_iterable(lists), key=_event_order):
             if used >= cap:
-                self._over.inc()
-                over.append(capped(f"max_contributions ({cap}) exceeded for user", user,
-                                   micros // step_micros, {"key": key, "value": value},
-                                   micros / 1e6))
+                over.append(self._past_cap(user, key, value, micros))
                 continue
             if max_keys is not None and key not in seen:
                 if len(seen) >= max_keys:
-                    self._over_keys.inc()
-                    over.append(capped(f"max_keys_per_unit ({max_keys}) exceeded for user", user,
-                                       micros // step_micros, {"key": key, "value": value},
-                                       micros / 1e6, key=True))
+                    over.append(self._past_keys(user, key, value, micros))
                     continue
                 seen.append(key)
                 yield pvalue.TaggedOutput("units", (key, micros / 1e6))

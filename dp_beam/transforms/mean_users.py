@@ -29,7 +29,7 @@ from dp_beam.transforms.contributions import capped, capped_records
 from dp_beam.transforms.events import INVALID, NAMESPACE, TRANSIENT_ERRORS, ValidatingDoFn, as_real
 from dp_beam.transforms.keys import UNITS
 from dp_beam.transforms.mean_aggregates import PackedSamples, compacted, merge_into
-from dp_beam.transforms.steps import UserEvents, by_shard, shard_count
+from dp_beam.transforms.steps import BundleUserEvents, by_shard, shard_count
 from dp_beam.transforms.stream_keys import KV, StreamKey
 
 __all__ = ["PrepareMeanEvents", "PrepareMeanEventsBatch", "WithholdRelease", "WithholdReleaseBatch",
@@ -122,7 +122,7 @@ MAX_BUNDLE_EVENTS = 1 << 16
 
 
 @beam.typehints.with_output_types(KV)
-class PrepareMeanEventsBatch(PrepareMeanEvents):
+class PrepareMeanEventsBatch(BundleUserEvents, PrepareMeanEvents):
     """:class:`PrepareMeanEvents` for bounded input, a bundle's valid events gathered per user:
     ``(user, [(key, value, ts), ...])``, the events in the order they came, so the per-user
     grouping that follows holds each user's events in the same order as one element each
@@ -135,25 +135,15 @@ class PrepareMeanEventsBatch(PrepareMeanEvents):
     the earliest Beam timestamp among them. Dead letters leave at once, as before.
     """
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self._gathered = UserEvents(MAX_BUNDLE_EVENTS)
-
-    def start_bundle(self):
-        self._gathered = UserEvents(MAX_BUNDLE_EVENTS)
+    def _user_events_bound(self):
+        return MAX_BUNDLE_EVENTS
 
     def process(self, element, timestamp=beam.DoFn.TimestampParam, declared=None):
         out = self._checked(element, timestamp, declared)
         if type(out) is not tuple:
             return (out,)
         user, event = out
-        if self._gathered.add(user, event, timestamp):
-            return self.finish_bundle()
-        return ()
-
-    def finish_bundle(self):
-        gathered, self._gathered = self._gathered, UserEvents(MAX_BUNDLE_EVENTS)
-        return gathered.elements()
+        return self._gather(user, event, timestamp)
 
 
 def _micros(ts: Any) -> int:

@@ -15,9 +15,9 @@ from apache_beam.utils.windowed_value import WindowedValue
 from dp_beam.transforms.events import UNBOUNDED_LATENESS, PrepareEvents
 from dp_beam.transforms.stream_keys import KV, StreamKey, shard_of
 
-__all__ = ["BundleTotals", "by_shard", "UserEvents", "EventStepTotals", "global_element", "in_global_window", "KeyByStep",
-           "MAX_BUNDLE_TOTALS", "PrepareStepTotals", "shard_count", "StepEnd", "StepOf", "StepTotals",
-           "per_step"]
+__all__ = ["BundleTotals", "BundleUserEvents", "by_shard", "EventStepTotals", "global_element",
+           "in_global_window", "KeyByStep", "MAX_BUNDLE_TOTALS", "PrepareStepTotals", "shard_count",
+           "StepEnd", "StepOf", "StepTotals", "per_step", "UserEvents"]
 
 
 @beam.typehints.with_output_types(Tuple[StreamKey, Any])
@@ -47,6 +47,10 @@ def global_element(value: Any, timestamp: Timestamp) -> WindowedValue:
     (a measurable share of a per-event or per-release DoFn).
     """
     return WindowedValue(value, timestamp, _GLOBAL_WINDOWS)
+
+
+def _same_time(when):
+    return when
 
 
 class UserEvents:
@@ -81,14 +85,42 @@ class UserEvents:
         self._held += 1
         return self._held >= self._limit
 
-    def elements(self, stamp: Callable[[Any], Timestamp] = lambda when: when
-                 ) -> List[WindowedValue]:
+    def elements(self, stamp: Callable[[Any], Timestamp] = _same_time) -> List[WindowedValue]:
         """The gathered ``(user, events)``, each in the global window at ``stamp`` of the
         earliest time (the identity for times that are Beam timestamps)."""
         if not self._users:
             return []
         earliest = stamp(self._earliest)
         return [global_element(kv, earliest) for kv in self._users.items()]
+
+
+class BundleUserEvents:
+    """The bundle lifecycle of a validating DoFn that gathers :class:`UserEvents`: a fresh
+    table at construction and per bundle, sent on when full (:meth:`_gather`) and at the
+    bundle's end. Subclasses give the table's bound (:meth:`_user_events_bound`, read for
+    every new table) and, for times that are not Beam timestamps, ``_stamp``."""
+
+    _stamp = staticmethod(_same_time)
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._gathered = UserEvents(self._user_events_bound())
+
+    def _user_events_bound(self) -> int:
+        raise NotImplementedError
+
+    def start_bundle(self):
+        self._gathered = UserEvents(self._user_events_bound())
+
+    def _gather(self, user: Any, event: Any, when: Any) -> Sequence[WindowedValue]:
+        """Adds ``user``'s ``event`` at ``when``; the table's elements once it is full."""
+        if self._gathered.add(user, event, when):
+            return self.finish_bundle()
+        return ()
+
+    def finish_bundle(self):
+        gathered, self._gathered = self._gathered, UserEvents(self._user_events_bound())
+        return gathered.elements(self._stamp)
 
 
 class StepTotals:
