@@ -288,6 +288,12 @@ class ValidatingDoFn(beam.DoFn):
             return None, f"features_fn returned {type(raw).__name__}, not a sequence"
         if len(values) != dim:
             return None, f"features_fn returned {len(values)} values, expected {dim}"
+        # Plain finite floats are what as_real would return as they are: checked in two
+        # passes instead of a call per value (≈ 0.7 µs each, most of a wide point's
+        # validation). 0·Σ is 0 exactly when every value and the sum are finite; a sum
+        # that overflows takes the checks per value, which accept it.
+        if all(type(v) is float for v in values) and 0.0 * sum(values) == 0.0:
+            return values, None
         features = []
         for v in values:
             x, err = as_real(v)

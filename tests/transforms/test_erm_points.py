@@ -29,13 +29,19 @@ def test_features_beyond_the_bound_are_scaled_down_to_it_even_when_infinite_in_n
     prepare = _prepare()
     (out,) = prepare({"ts": TS, "x": [3.0, 4.0], "y": "no"})
     assert out.value[1][2] == pytest.approx((0.6, 0.8))
-    (out,) = prepare({"ts": TS, "x": [1e308, 1e308], "y": "no"})
+    (out,) = prepare({"ts": TS, "x": [1e308, 1e308], "y": "no"})    # a sum that overflows
     assert math.hypot(*out.value[1][2]) == pytest.approx(1.0)
+    (out,) = prepare({"ts": TS, "x": [0.3, 0], "y": "no"})               # an int among floats
+    assert out.value[1][2] == (0.3, 0.0) and type(out.value[1][2][1]) is float
 
 
 @pytest.mark.parametrize("event, reason", [
     ({"ts": TS, "x": [0.1], "y": "no"}, "features"),
     ({"ts": TS, "x": [0.1, float("nan")], "y": "no"}, "NaN"),
+    # Plain floats are checked by their sum: each non-finite kind must still be caught.
+    ({"ts": TS, "x": [0.1, float("inf")], "y": "no"}, "feature value is infinite"),
+    ({"ts": TS, "x": [float("-inf"), float("inf")], "y": "no"}, "feature value is infinite"),
+    ({"ts": TS, "x": [True, 0.5], "y": "no"}, "feature not a real number: bool"),
     ({"ts": TS, "x": [0.1, 0.2], "y": "maybe"}, "is not one of classes"),
     ({"ts": TS, "x": [0.1, 0.2], "y": ["no"]}, "is not one of classes"),
 ])

@@ -161,6 +161,41 @@ class LogisticLoss:
             return value, (P.T @ Xa).ravel() / n
         return softmax
 
+    def hessian_on(self, Xa: ArrayLike, yi: ArrayLike) -> Callable[[ArrayLike], np.ndarray]:
+        """``θ ↦ ∇²`` of the mean loss over augmented rows ``Xa`` (p × p; erm.md E-3), for the
+        solver's Newton steps. Labels do not enter it: the loss is linear in them.
+
+        * binary: ``(1/n)·Σ σ(m_i)(1 − σ(m_i))·x̃_i x̃_iᵀ``, m_i = ⟨θ, x̃_i⟩;
+        * softmax: ``(1/n)·Σ (diag(p_i) − p_i p_iᵀ) ⊗ x̃_i x̃_iᵀ`` in the flat order of
+          :meth:`unpack` (class-major), p_i the class probabilities.
+
+        >>> loss = LogisticLoss(1, [0, 1], 1.0, fit_intercept=False)
+        >>> float(loss.hessian_on(np.array([[1.0], [-1.0]]), [0, 1])(np.zeros(1))[0, 0])
+        0.25
+        """
+        n, width = Xa.shape
+        if self.binary:
+            def binary(theta):
+                s = sigmoid(Xa @ theta)
+                # Xᵀ(wX): the weighted copy keeps both operands of the product contiguous.
+                return Xa.T @ (Xa * (s * (1.0 - s) / n)[:, None])
+            return binary
+        K = self.n_outputs
+
+        def softmax(theta):
+            Z = Xa @ theta.reshape(K, width).T
+            P = np.exp(Z - Z.max(axis=1, keepdims=True))
+            P /= P.sum(axis=1, keepdims=True)
+            # Σ_i p_i p_iᵀ ⊗ x̃_i x̃_iᵀ = AᵀA with the rows A_i = p_i ⊗ x̃_i; the diag(p_i)
+            # part is block-diagonal, one weighted Gram matrix per class.
+            A = (P[:, :, None] * Xa[:, None, :]).reshape(n, K * width)
+            H = -(A.T @ A)
+            for a in range(K):
+                block = slice(a * width, (a + 1) * width)
+                H[block, block] += Xa.T @ (Xa * P[:, a:a + 1])
+            return H / n
+        return softmax
+
     def decision(self, theta: ArrayLike, X: ArrayLike) -> np.ndarray:
         Xa = self.augment(self.clip(X))
         if self.binary:

@@ -7,28 +7,39 @@ that the output-perturbation sensitivity ``2L/(λn)`` already covers.
 
 Why the output θ̃ of :func:`solve_erm` is always within ``r = g/(2λ)``,
 ``g = tol_fraction·L/n``, of the exact minimiser θ*, whatever the data: it is
-computed deterministically, by L-BFGS from θ_ref and then gradient descent
-with step 1/β (β = ``loss.smoothness`` + 2λ bounds the Hessian), which
-stops at the first of
+computed deterministically, by a first stage from θ_ref (damped Newton
+steps, or L-BFGS for more than ``_NEWTON_MAX_PARAMS`` parameters) and then
+gradient descent with step 1/β (β = ``loss.smoothness`` + 2λ bounds the
+Hessian), which stops at the first of
 
 * a certificate: ``‖∇F(θ̃)‖₂ <= g``, hence ``‖θ̃ − θ*‖ <= g/(2λ)`` by strong
   convexity; or
 * ``K`` = :func:`_descent_steps` gradient steps, a public number. The
-  descent starts at a point θ₀ with ``F(θ₀) <= F(θ_ref)`` (the L-BFGS
-  result, or θ_ref itself if that result is worse or not finite), so
+  descent starts at a point θ₀ with ``F(θ₀) <= F(θ_ref)`` (the first
+  stage's result, or θ_ref itself if that result is worse or not finite), so
   ``‖θ₀ − θ*‖² <= 2(F(θ_ref) − F*)/(2λ) <= ‖∇F(θ_ref)‖²/(2λ)² <= (L/(2λ))²``
   (∇F(θ_ref) is the mean of per-record gradients, each of norm <= L).
   Each step contracts ‖θ − θ*‖ by ``q = 1 − 2λ/β``, so after K steps
   ``‖θ_K − θ*‖ <= q^K·L/(2λ) <= (tol_fraction/n)·L/(2λ) = r``.
 
 The second exit is a proof in exact arithmetic; it is taken only when the
-measured gradient does not certify, i.e. when L-BFGS failed and descent is
+measured gradient does not certify, i.e. when the first stage failed and descent is
 slow (2λ/β small) or rounding keeps ``‖∇F‖`` above a very small ``g``; the
 rounding of those steps is what the room below ``2L/(λn)`` absorbs. So no
 input makes the solver raise or release a model the sensitivity does not
 cover: a non-converging solve is a fixed public amount of work (K steps of
 O(n·p)), not a crash. (Raising here would kill the pipeline on one
 stream's data: an observable, data-dependent outcome.)
+
+Why Newton first: the objective is smooth and 2λ-strongly convex, so damped
+Newton steps (Armijo backtracking) decrease F and converge quadratically;
+on the problems a release solves (one block to a long history, p up to a
+few hundred) one or two steps certify. SciPy's L-BFGS-B costs about 0.8 ms
+a call in set-up alone, which on those problems is most of a release;
+``benchmarks/scale.py`` (ERM cases) measures the difference. The Hessian is
+p × p, so above ``_NEWTON_MAX_PARAMS`` parameters L-BFGS keeps the first
+stage. Either way, only the certificate or the public step bound decides
+what is released within the radius.
 """
 
 import contextlib
@@ -59,6 +70,13 @@ __all__ = ["solve_erm"]
 #: its summation order) only above 10,000 entries, and the parallel triangular solve
 #: splits its right-hand sides, each solved the same way on any thread.
 _ONE_THREAD_MAX_PARAMS = 10_000
+#: The first stage takes Newton steps up to this many parameters (a p × p Hessian per step,
+#: factorised in O(p³)); L-BFGS above.
+_NEWTON_MAX_PARAMS = 512
+#: Newton steps, and halvings of one step, before the first stage hands over to the descent.
+_NEWTON_STEPS, _NEWTON_HALVINGS = 100, 60
+#: Armijo's sufficient-decrease fraction.
+_ARMIJO = 1e-4
 _THREADS_LOCK = threading.Lock()
 _THREADS = {"libs": None, "active": 0, "saved": ()}
 
@@ -168,8 +186,7 @@ def solve_erm(loss: LogisticLoss, X: ArrayLike, y: ArrayLike, lam: float,
         return value + lam * float(diff @ diff), grad + 2.0 * lam * diff
 
     fun = _Remembered(objective)
-    # L-BFGS-B's gtol bounds the max-norm; ‖·‖₂ <= √p·‖·‖_∞ makes it imply ours.
-    theta, grad = _start_point(fun, ref, gtol / math.sqrt(loss.n_params))
+    theta, grad = _start_point(fun, ref, _first_stage(loss, fun, Xa, yi, lam, ref, gtol))
     step = 1.0 / (loss.smoothness + 2.0 * lam)
     return _descend(fun, theta, grad, step, _descent_steps(loss, lam, n, tol_fraction), gtol)
 
@@ -177,9 +194,9 @@ def solve_erm(loss: LogisticLoss, X: ArrayLike, y: ArrayLike, lam: float,
 class _Remembered:
     """``fun`` that answers again, without recomputing, at θ_ref and at the last point evaluated.
 
-    :func:`_start_point` asks for F at θ_ref (where L-BFGS started) and at the
-    L-BFGS result (normally the last point it evaluated): both were computed
-    already. A point is recognised by its exact bytes, so an answer is the one
+    :func:`_start_point` asks for F at θ_ref (where the first stage started) and
+    at the first stage's result (normally the last point it evaluated): both
+    were computed already. A point is recognised by its exact bytes, so an answer is the one
     ``fun`` gave for the same input; gradients are handed out as copies, so no
     caller can change a remembered one.
     """
@@ -211,11 +228,60 @@ def _lbfgsb(fun, x0, pgtol):
     return result.x
 
 
-def _start_point(fun, ref, max_norm_gtol):
-    """``(θ₀, ∇F(θ₀))``: the L-BFGS result from θ_ref, or θ_ref itself when that result is
-    worse or not finite (the descent bound of :func:`solve_erm` needs F(θ₀) <= F(θ_ref))."""
+def _first_stage(loss, fun, Xa, yi, lam, ref, gtol):
+    """A point that is normally within the certificate: Newton steps from θ_ref up to
+    ``_NEWTON_MAX_PARAMS`` parameters, L-BFGS-B above (the module docstring)."""
+    if loss.n_params <= _NEWTON_MAX_PARAMS:
+        return _newton(fun, loss.hessian_on(Xa, yi), lam, ref, gtol)
     with _one_blas_thread(ref.shape[0]):
-        theta = _lbfgsb(fun, ref, max_norm_gtol)
+        # L-BFGS-B's gtol bounds the max-norm; ‖·‖₂ <= √p·‖·‖_∞ makes it imply ours.
+        return _lbfgsb(fun, ref, gtol / math.sqrt(loss.n_params))
+
+
+def _newton(fun, hessian, lam, ref, gtol):
+    """The first stage's point: damped Newton steps from θ_ref on ``F`` (``fun`` gives F and
+    ∇F, ``hessian`` the loss's Hessian, to which the regulariser's 2λI is added).
+
+    Stops at the certificate ``‖∇F‖ <= gtol``, after ``_NEWTON_STEPS`` steps, or when a
+    step is not finite or no halving of it either decreases F by Armijo's rule or
+    certifies (rounding near the minimiser); the descent of :func:`solve_erm` takes
+    over from what is returned. Every other accepted step decreases F.
+    """
+    # A copy: the caller's θ_ref is never handed back as the result.
+    theta = ref.copy()
+    value, grad = fun(theta)
+    for _ in range(_NEWTON_STEPS):
+        if not float(np.linalg.norm(grad)) > gtol:
+            break
+        H = hessian(theta)
+        H.flat[::H.shape[0] + 1] += 2.0 * lam
+        try:
+            direction = np.linalg.solve(H, grad)
+        except np.linalg.LinAlgError:   # a non-finite Hessian (overflowing data)
+            break
+        slope = float(grad @ direction)
+        if not (math.isfinite(slope) and slope > 0.0):
+            break
+        size = 1.0
+        for _ in range(_NEWTON_HALVINGS):
+            candidate = theta - size * direction
+            new_value, new_grad = fun(candidate)
+            # Near θ* the decrease falls below the rounding of F; a step whose gradient
+            # certifies is taken anyway (the certificate needs no decrease, and
+            # _start_point still compares the result with θ_ref).
+            if (new_value <= value - _ARMIJO * size * slope
+                    or float(np.linalg.norm(new_grad)) <= gtol):
+                break
+            size *= 0.5
+        else:
+            break
+        theta, value, grad = candidate, new_value, new_grad
+    return theta
+
+
+def _start_point(fun, ref, theta):
+    """``(θ₀, ∇F(θ₀))``: the first stage's result ``theta``, or θ_ref itself when that result
+    is worse or not finite (the descent bound of :func:`solve_erm` needs F(θ₀) <= F(θ_ref))."""
     theta = np.asarray(theta, dtype=np.float64)
     value, grad = fun(theta) if np.isfinite(theta).all() else (math.inf, None)
     if not value <= fun(ref)[0]:

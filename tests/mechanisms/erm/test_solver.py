@@ -13,8 +13,12 @@ from dp_beam.mechanisms.erm import LogisticLoss, solve_erm
 from .helpers import UNIT, data
 
 
+@pytest.mark.parametrize("newton", [True, False], ids=["newton", "lbfgs"])
 @pytest.mark.parametrize("k,intercept", [(2, True), (2, False), (4, True)])
-def test_solver_reaches_certified_gradient_tolerance(k, intercept):
+def test_solver_reaches_certified_gradient_tolerance(monkeypatch, k, intercept, newton):
+    from dp_beam.mechanisms.erm import solver
+    if not newton:    # the first stage of problems above _NEWTON_MAX_PARAMS parameters
+        monkeypatch.setattr(solver, "_NEWTON_MAX_PARAMS", 0)
     loss = LogisticLoss(3, list(range(k)), 2.0, intercept)
     X, y = data(200, d=3, k=k, seed=k)
     X = loss.clip(X)
@@ -46,13 +50,13 @@ def test_replacing_one_record_moves_the_solution_by_at_most_the_sensitivity():
 
 
 class _FailedSolve:
-    """Stands for an L-BFGS run that returns a useless point (``x``: x0 ↦ its result)."""
+    """Stands for a first stage that returns a useless point (``x``: θ_ref ↦ its result)."""
 
     def __init__(self, x):
         self.x_of = x
 
-    def __call__(self, fun, x0, pgtol):
-        return self.x_of(x0.copy())
+    def __call__(self, loss, fun, Xa, yi, lam, ref, gtol):
+        return self.x_of(ref.copy())
 
 
 @pytest.mark.parametrize("failure", [
@@ -61,9 +65,9 @@ class _FailedSolve:
     lambda x0: np.full_like(x0, np.nan),    # not finite
 ])
 @pytest.mark.parametrize("k,lam", [(2, 0.5), (2, 0.005), (3, 0.02)])
-def test_solver_never_raises_and_stays_within_the_certified_radius_when_lbfgs_fails(
+def test_solver_never_raises_and_stays_within_the_certified_radius_when_the_first_stage_fails(
         monkeypatch, failure, k, lam):
-    # Pathological input for the solver: L-BFGS gives nothing usable. The descent
+    # Pathological input for the solver: the first stage gives nothing usable. The descent
     # must still end (after at most the public K steps) within r = g/(2λ) of the
     # exact minimiser: the radius the sensitivity 2L/(λn) already covers.
     from dp_beam.mechanisms import erm as erm_module
@@ -81,26 +85,31 @@ def test_solver_never_raises_and_stays_within_the_certified_radius_when_lbfgs_fa
         return lambda theta: calls.append(1) or evaluate(theta)
 
     monkeypatch.setattr(loss, "value_grad_on", counted)
-    monkeypatch.setattr(erm_module.solver, "_lbfgsb", _FailedSolve(failure))
+    monkeypatch.setattr(erm_module.solver, "_first_stage", _FailedSolve(failure))
     theta, gnorm = solve_erm(loss, X, y, lam, ref)
     steps = erm_module._descent_steps(loss, lam, n)
-    assert 0 < len(calls) <= steps + 3          # the L-BFGS point, θ_ref, the start, K steps
+    assert 0 < len(calls) <= steps + 3          # the first stage's point, θ_ref, the start, K steps
     assert np.all(np.isfinite(theta))
     radius = 0.5 * loss.lipschitz / n / (2 * lam)
     assert np.linalg.norm(theta - exact) <= radius + 1e-9
 
 
-def test_solver_returns_after_the_public_step_bound_where_the_certificate_is_out_of_reach():
+def test_solver_returns_after_the_public_step_bound_where_the_certificate_is_out_of_reach(
+        monkeypatch):
     # tol_fraction = 1e-300 asks for a gradient below rounding: the solver used to
     # run 100 000 steps and raise RuntimeError (a crashed pipeline). Now it stops
     # after at most K gradient steps, and the proven bound places it within
     # r = g/(2λ) of the minimiser (here r is below rounding: it is the minimiser).
+    # Newton steps can land on a gradient of exactly 0 here, so the first stage is
+    # the one of large problems, which stops short of it.
+    from dp_beam.mechanisms.erm import solver
     loss = LogisticLoss(n_features=2, classes=[0, 1], feature_bound=1.0, fit_intercept=True)
     X, y = data(64, seed=4)
     X = loss.clip(X)
+    tight, _ = solve_erm(loss, X, y, 0.3, tol_fraction=1e-10)
+    monkeypatch.setattr(solver, "_NEWTON_MAX_PARAMS", 0)
     theta, gnorm = solve_erm(loss, X, y, 0.3, tol_fraction=1e-300)
     assert gnorm > 1e-300 * loss.lipschitz / 64          # the certificate was not reached
-    tight, _ = solve_erm(loss, X, y, 0.3, tol_fraction=1e-10)
     np.testing.assert_allclose(theta, tight, atol=1e-9)
     from dp_beam.mechanisms.erm import _descent_steps
     # K = ⌈ln(n/tol)/−ln(1 − 2λ/β)⌉, β = R̃²/4 + 2λ (binary, R̃² = 1 + 1 with the intercept).
@@ -175,6 +184,7 @@ def test_one_blas_thread_for_lbfgs_gives_the_bits_of_the_default_threads(monkeyp
     libs = solver._scipy_openblas()
     if not libs:
         pytest.skip("SciPy's OpenBLAS is not separately controllable here (threadpoolctl, wheel)")
+    monkeypatch.setattr(solver, "_NEWTON_MAX_PARAMS", 0)     # L-BFGS for every size
     before = [lib.num_threads for lib in libs]
     seen = []
     original = solver._lbfgsb
@@ -207,3 +217,59 @@ def test_one_blas_thread_is_counted_across_concurrent_solves():
         with solver._one_blas_thread(solver._ONE_THREAD_MAX_PARAMS + 1):
             assert [lib.num_threads for lib in libs] == [1] * len(libs)
     assert [lib.num_threads for lib in libs] == before
+
+
+@pytest.mark.parametrize("k,intercept", [(2, True), (2, False), (3, True), (4, False)])
+def test_hessian_is_the_derivative_of_the_gradient(k, intercept):
+    # Central differences of the analytic gradient: error O(h²·third derivative) plus
+    # rounding O(ε_mach/h); with h = 1e-5 both are below 1e-8 on these unit-scale data.
+    loss = LogisticLoss(3, list(range(k)), 1.5, intercept)
+    X, y = data(40, d=3, k=k, seed=7)
+    Xa = loss.augment(loss.clip(X * 2.0))
+    theta = np.random.default_rng(3).normal(size=loss.n_params)
+    H = loss.hessian_on(Xa, y)(theta)
+    h = 1e-5
+    numeric = np.empty_like(H)
+    for j in range(loss.n_params):
+        e = np.zeros(loss.n_params)
+        e[j] = h
+        numeric[:, j] = (loss.value_grad(theta + e, Xa, y)[1]
+                         - loss.value_grad(theta - e, Xa, y)[1]) / (2 * h)
+    np.testing.assert_allclose(H, numeric, atol=1e-8)
+    np.testing.assert_allclose(H, H.T, atol=1e-15)
+
+
+@pytest.mark.parametrize("k", [2, 3])
+def test_newton_and_lbfgs_first_stages_land_within_the_radius_of_each_other(monkeypatch, k):
+    # Both results are within r = g/(2λ) of the exact minimiser (the certificate), so
+    # within 2r of each other, on every shape the releases solve.
+    from dp_beam.mechanisms.erm import solver
+    newton = [solve_erm(*case) for case in _solves(k, 9)]
+    monkeypatch.setattr(solver, "_NEWTON_MAX_PARAMS", 0)
+    for (theta, gnorm), case in zip(newton, _solves(k, 9)):
+        loss, X, _, lam, _, tol = case
+        radius = tol * loss.lipschitz / X.shape[0] / (2 * lam)
+        other, other_gnorm = solve_erm(*case)
+        assert gnorm <= tol * loss.lipschitz / X.shape[0]
+        assert np.linalg.norm(theta - other) <= 2 * radius + 1e-12
+
+
+def test_newton_never_returns_a_point_worse_than_theta_ref_or_the_callers_array():
+    # A Hessian that points the wrong way (a planted bug) makes no step decrease F:
+    # the first stage then returns θ_ref's values in a new array.
+    from dp_beam.mechanisms.erm import solver
+    loss = LogisticLoss(2, [0, 1], 1.0, True)
+    X, y = data(30, seed=2)
+    Xa = loss.augment(loss.clip(X))
+    ref = np.array([0.3, -0.2, 0.1])
+    value_grad = loss.value_grad_on(Xa, y)
+
+    def fun(theta):
+        value, grad = value_grad(theta)
+        return value + 0.1 * float((theta - ref) @ (theta - ref)), grad + 0.2 * (theta - ref)
+
+    out = solver._newton(fun, lambda theta: -np.eye(3) * 1e3, 0.1, ref, 1e-12)
+    assert out is not ref and np.array_equal(out, ref)
+    # With the true Hessian it reaches a certificate far below the releases' (g >= 1e-6).
+    good = solver._newton(fun, loss.hessian_on(Xa, y), 0.1, ref, 1e-12)
+    assert fun(good)[0] < fun(ref)[0] and np.linalg.norm(fun(good)[1]) <= 1e-12
