@@ -43,21 +43,23 @@ def l2_laplace_noise(source: NoiseSource, scale: float, dim: int) -> np.ndarray:
     = e^{−r/scale}, a function of ‖ν‖ only.
 
     Both parts come from the injected :class:`~dp_beam.mechanisms.noise.NoiseSource`,
-    which offers only Laplace and Gaussian draws, so:
+    which offers Laplace and Gaussian draws and a direction:
 
     * R = Σ_{i=1}^{dim} |Z_i| with Z_i ~ Lap(scale). Lap(b) is symmetric with
       density e^{−|z|/b}/(2b), so |Z| has density e^{−z/b}/b on z ≥ 0, i.e.
       |Z| ~ Exp(b); a sum of dim independent Exp(b) is Gamma(dim, b) exactly.
-    * U = g/‖g‖ with g ~ N(0, I_dim): the standard normal vector is rotation
-      invariant, so its direction is uniform on the sphere and independent of
-      its norm. A zero g (probability 0, possible only through rounding) is
-      redrawn, which does not change the law of the direction.
+    * U = g/‖g‖ with g ~ N(0, I_dim) (:meth:`~dp_beam.mechanisms.noise.NoiseSource.direction`):
+      the standard normal vector is rotation invariant, so its direction is
+      uniform on the sphere and independent of its norm. The keyed source
+      computes g in floats from its stream (Box–Muller,
+      :meth:`~dp_beam.mechanisms.noise_key.KeyedNoise.direction`); the radius
+      keeps its exact draws.
 
     A zero radius (only a source that is switched off gives one) returns the
     zero vector without drawing a direction. The number of draws is fixed
-    (dim Laplace + dim Gaussian), independent of the data.
+    (one Laplace call of dim values, one direction), independent of the data.
 
-    Caveat: ν is a float computation on grid draws. With the keyed source
+    Caveat: ν is a float computation on grid draws and a float direction. With the keyed source
     :meth:`~dp_beam.mechanisms.erm.OutputPerturbation.train` rounds ν and the minimiser to the noise
     grid, so the release is an exact grid sum and shows no data through its
     low-order bits; the law of the rounded ν is the rounded float L2-Laplace,
@@ -70,9 +72,4 @@ def l2_laplace_noise(source: NoiseSource, scale: float, dim: int) -> np.ndarray:
     radius = float(np.sum(np.abs(source.laplace(scale, dim))))
     if radius == 0.0:
         return np.zeros(dim, dtype=np.float64)
-    for _ in range(64):
-        g = source.gaussian(1.0, dim)
-        norm = float(np.linalg.norm(g))
-        if norm > 0.0:
-            return radius * (g / norm)
-    raise RuntimeError("noise source returned 64 zero Gaussian vectors; it cannot supply a direction")
+    return radius * source.direction(dim)

@@ -94,6 +94,25 @@ class NoiseSource:
             return self.gaussian(scale, size).tolist()
         raise ValueError(f"kind must be 'laplace' or 'gaussian', got {kind!r}")
 
+    def direction(self, dim: int) -> np.ndarray:
+        """A unit vector uniform on the sphere in R^dim: the direction of a rotation-invariant
+        noise (the L2-Laplace of :func:`~dp_beam.mechanisms.l2_laplace.l2_laplace_noise`).
+
+        ``g/‖g‖`` for ``g`` the next :meth:`gaussian` call of scale 1 (uniform on the sphere:
+        a standard normal vector is rotation invariant); a zero ``g``, possible only by
+        rounding, is drawn again, at most 64 times. A float computation in every source;
+        :class:`~dp_beam.mechanisms.noise_key.KeyedNoise` draws its own ``g``.
+        """
+        dim = check_size(dim)
+        if dim < 1:
+            raise ValueError(f"dim must be >= 1, got {dim!r}")
+        for _ in range(64):
+            g = self.gaussian(1.0, dim)
+            norm = float(np.linalg.norm(g))
+            if norm > 0.0:
+                return g / norm
+        raise RuntimeError("noise source returned 64 zero Gaussian vectors; it cannot supply a direction")
+
     def laplace(self, scale: float, size: int) -> np.ndarray:
         scale = check_scale("scale", scale)
         size = check_size(size)

@@ -42,6 +42,7 @@ import binascii
 import functools
 import hashlib
 import hmac
+import math
 import numbers
 import os
 import re
@@ -384,6 +385,9 @@ def encode_identity(identity: tuple) -> bytes:
 
 #: The encoded counter label of draw 0 (what _encode_label writes for the int 0).
 _FIRST_DRAW = b"I" + _encode_length(1) + b"\x00"
+#: Box–Muller's constants (KeyedNoise.direction): 53 random bits make a uniform float.
+_TWO_TO_MINUS_53 = 2.0 ** -53
+_TWO_PI = 2.0 * math.pi
 #: Encodings of (int, str) label pairs given to :meth:`KeyedNoise.for_identity`, the
 #: (step, phase) of a release: encoded once per step, not once per stream and step.
 _STEP_LABELS = {}
@@ -582,6 +586,45 @@ class KeyedNoise(NoiseSource):
             # A tree node's scalar draw: no comprehension frame.
             return [grid_float(sampler(stream, num, den), k)]
         return [grid_float(sampler(stream, num, den), k) for _ in range(size)]
+
+    def direction(self, dim: int) -> np.ndarray:
+        """A unit vector uniform on the sphere in R^dim, from one new stream (one draw).
+
+        Box–Muller pairs from the stream's 64-bit words (the top 53 bits of each a
+        uniform u in [0, 1)): ``r = √(−2·ln(1 − u₁))``, ``(r·cos 2πu₂, r·sin 2πu₂)``
+        are two independent N(0, 1) (to float precision), and ``g/‖g‖`` of such a
+        vector is uniform on the sphere. The direction is a float computation in any
+        source (the L2-Laplace vector it scales is rounded to its noise grid by the
+        caller, erm.md E-4), so an exact discrete Gaussian per coordinate bought no
+        exactness here; it cost ≈ 10 µs a coordinate (σ = 1 on a grid 2^30 times
+        finer), against ≈ 0.5 µs for a pair here. The functions are CPython's
+        ``math`` ones on scalars, and ``‖g‖`` is :func:`math.hypot`, so the values do
+        not depend on NumPy's SIMD kernels. A zero vector (every u₁ = 0, probability
+        2^−53 per pair) reads the next words of the same stream.
+
+        >>> a = KeyedNoise(NoiseKey.from_bytes(bytes(32)), ("doc", "dir"))
+        >>> u = a.direction(5)
+        >>> round(float(u @ u), 12), a.draws
+        (1.0, 1)
+        """
+        dim = check_size(dim)
+        if dim < 1:
+            raise ValueError(f"dim must be >= 1, got {dim!r}")
+        stream = self._next_stream()
+        pairs = (dim + 1) // 2
+        log1p, cos, sin, sqrt = math.log1p, math.cos, math.sin, math.sqrt
+        while True:
+            words = struct.unpack(f">{2 * pairs}Q", stream.randbytes(16 * pairs))
+            g = []
+            for i in range(0, 2 * pairs, 2):
+                radius = sqrt(-2.0 * log1p(-(words[i] >> 11) * _TWO_TO_MINUS_53))
+                angle = _TWO_PI * ((words[i + 1] >> 11) * _TWO_TO_MINUS_53)
+                g.append(radius * cos(angle))
+                g.append(radius * sin(angle))
+            del g[dim:]
+            norm = math.hypot(*g)
+            if norm > 0.0:
+                return np.array(g, dtype=np.float64) / norm
 
     def integer_noise(self, kind: str, scale: float, exponent: int, size: int) -> List[int]:
         """``size`` exact discrete Laplace or Gaussian ints of scale ``scale/2^exponent``.

@@ -184,6 +184,52 @@ def test_keyed_gaussian_has_std_sigma(sigma):
     assert stats.kstest(draws, "norm", args=(0.0, sigma)).pvalue > 1e-6
 
 
+def _direction_statistics(directions):
+    """(max |mean of a coordinate|, max |mean of a squared coordinate − 1/p|) over n draws."""
+    n, p = directions.shape
+    return np.max(np.abs(directions.mean(axis=0))), np.max(np.abs((directions ** 2).mean(axis=0) - 1 / p))
+
+
+@pytest.mark.parametrize("dim", [3, 10, 101])
+def test_keyed_direction_is_a_uniform_unit_vector(dim):
+    n = 6000
+    source = KeyedNoise(KEY, ("dir", dim))
+    U = np.array([source.direction(dim) for _ in range(n)])
+    assert source.draws == n                                 # one stream per direction
+    np.testing.assert_allclose(np.linalg.norm(U, axis=1), 1.0, rtol=1e-15, atol=0)
+    # Uniform on the sphere: E U_j = 0 with Var U_j = 1/p, and E U_j² = 1/p with
+    # Var U_j² = E U_j⁴ − 1/p² = 3/(p(p+2)) − 1/p²; 5 standard errors of a mean of n, for
+    # every coordinate (a 5-sd excursion has probability 6e-7 each).
+    mean_err, square_err = _direction_statistics(U)
+    assert mean_err < _tol(math.sqrt(1 / (dim * n)))
+    assert square_err < _tol(math.sqrt((3 / (dim * (dim + 2)) - 1 / dim ** 2) / n))
+    if dim == 3:
+        # Archimedes: a coordinate of a uniform point on S² is uniform on [−1, 1].
+        assert stats.kstest(U[:, 2], "uniform", args=(-1.0, 2.0)).pvalue > 1e-6
+    # The same test rejects a direction confined to the positive orthant (a planted bug).
+    mean_err, _ = _direction_statistics(np.abs(U))
+    assert mean_err > _tol(math.sqrt(1 / (dim * n)))
+
+
+def test_keyed_direction_is_reproducible_and_reads_its_own_stream():
+    a, b = KeyedNoise(KEY, ("t", "dir")), KeyedNoise(KEY, ("t", "dir"))
+    first = a.direction(7)
+    assert first.tobytes() == b.direction(7).tobytes()
+    assert not np.array_equal(first, a.direction(7))         # the next call, the next stream
+    # Box–Muller on the stream's 64-bit words (top 53 bits each), pairs in order; the odd
+    # dimension drops the last sine.
+    words = struct.unpack(">8Q", KEY.stream("t", "dir", 0).randbytes(64))
+    g = []
+    for i in range(0, 8, 2):
+        r = math.sqrt(-2.0 * math.log1p(-(words[i] >> 11) * 2.0 ** -53))
+        angle = 2.0 * math.pi * ((words[i + 1] >> 11) * 2.0 ** -53)
+        g += [r * math.cos(angle), r * math.sin(angle)]
+    g = np.array(g[:7])
+    np.testing.assert_array_equal(first, g / math.hypot(*g))
+    with pytest.raises(ValueError, match="dim"):
+        a.direction(0)
+
+
 def _calls(source):
     return [source.laplace(1.7, 3), source.gaussian(0.3, 2), source.laplace(0.0, 2), source.laplace(250.0, 1)]
 

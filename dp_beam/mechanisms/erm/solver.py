@@ -8,7 +8,7 @@ that the output-perturbation sensitivity ``2L/(λn)`` already covers.
 Why the output θ̃ of :func:`solve_erm` is always within ``r = g/(2λ)``,
 ``g = tol_fraction·L/n``, of the exact minimiser θ*, whatever the data: it is
 computed deterministically, by a first stage from θ_ref (damped Newton
-steps, or L-BFGS for more than ``_NEWTON_MAX_PARAMS`` parameters) and then
+steps, or L-BFGS above ``_NEWTON_MAX_PARAMS`` = 127 parameters) and then
 gradient descent with step 1/β (β = ``loss.smoothness`` + 2λ bounds the
 Hessian), which stops at the first of
 
@@ -33,12 +33,12 @@ stream's data: an observable, data-dependent outcome.)
 
 Why Newton first: the objective is smooth and 2λ-strongly convex, so damped
 Newton steps (Armijo backtracking) decrease F and converge quadratically;
-on the problems a release solves (one block to a long history, p up to a
-few hundred) one or two steps certify. SciPy's L-BFGS-B costs about 0.8 ms
-a call in set-up alone, which on those problems is most of a release;
-``benchmarks/scale.py`` (ERM cases) measures the difference. The Hessian is
-p × p, so above ``_NEWTON_MAX_PARAMS`` parameters L-BFGS keeps the first
-stage. Either way, only the certificate or the public step bound decides
+on the problems a release solves (one block to a long history) one or two
+steps certify. SciPy's L-BFGS-B costs about 0.8 ms a call, mostly set-up,
+where these steps take 0.15–0.4 ms (d = 10 and 100, 8 to 144 points);
+``benchmarks/scale.py`` (ERM cases) measures the difference in a pipeline.
+Above ``_NEWTON_MAX_PARAMS`` parameters L-BFGS keeps the first stage (see
+there). Either way, only the certificate or the public step bound decides
 what is released within the radius.
 """
 
@@ -52,6 +52,7 @@ import numpy as np
 import scipy
 from numpy.typing import ArrayLike
 from scipy import optimize
+from scipy.linalg.lapack import dposv as _posv
 
 from ..checks import check_real
 from .loss import LogisticLoss
@@ -65,14 +66,17 @@ __all__ = ["solve_erm"]
 
 #: L-BFGS-B on SciPy's bundled OpenBLAS runs its triangular solves on every thread
 #: (``dtrtrs``, at any size): on problems this small the threads' hand-offs cost up to
-#: ten times the solve. One thread computes the same bits while every vector has at
+#: ten times the solve; the Newton steps' Cholesky solves run on the same library.
+#: One thread computes the same bits while every vector has at
 #: most this many entries: OpenBLAS splits a dot product across threads (changing
 #: its summation order) only above 10,000 entries, and the parallel triangular solve
 #: splits its right-hand sides, each solved the same way on any thread.
 _ONE_THREAD_MAX_PARAMS = 10_000
-#: The first stage takes Newton steps up to this many parameters (a p × p Hessian per step,
-#: factorised in O(p³)); L-BFGS above.
-_NEWTON_MAX_PARAMS = 512
+#: The first stage takes Newton steps up to this many parameters, L-BFGS above. OpenBLAS
+#: factorises a p × p matrix on one thread below p = 128 and splits it across threads from
+#: there, with other bits (measured on SciPy's bundled OpenBLAS): below, a Newton step's
+#: bits do not depend on the thread count, as L-BFGS-B's do not (test_solver.py).
+_NEWTON_MAX_PARAMS = 127
 #: Newton steps, and halvings of one step, before the first stage hands over to the descent.
 _NEWTON_STEPS, _NEWTON_HALVINGS = 100, 60
 #: Armijo's sufficient-decrease fraction.
@@ -104,7 +108,7 @@ def _scipy_openblas():
 
 @contextlib.contextmanager
 def _one_blas_thread(n_params):
-    """SciPy's own OpenBLAS on one thread while L-BFGS-B runs (see _ONE_THREAD_MAX_PARAMS).
+    """SciPy's own OpenBLAS on one thread while the first stage runs (see _ONE_THREAD_MAX_PARAMS).
 
     Counted across threads: the first solve to enter saves the thread counts, the last
     to leave restores them, so concurrent solves never restore each other's setting."""
@@ -231,9 +235,9 @@ def _lbfgsb(fun, x0, pgtol):
 def _first_stage(loss, fun, Xa, yi, lam, ref, gtol):
     """A point that is normally within the certificate: Newton steps from θ_ref up to
     ``_NEWTON_MAX_PARAMS`` parameters, L-BFGS-B above (the module docstring)."""
-    if loss.n_params <= _NEWTON_MAX_PARAMS:
-        return _newton(fun, loss.hessian_on(Xa, yi), lam, ref, gtol)
     with _one_blas_thread(ref.shape[0]):
+        if loss.n_params <= _NEWTON_MAX_PARAMS:
+            return _newton(fun, loss.hessian_on(Xa, yi), lam, ref, gtol)
         # L-BFGS-B's gtol bounds the max-norm; ‖·‖₂ <= √p·‖·‖_∞ makes it imply ours.
         return _lbfgsb(fun, ref, gtol / math.sqrt(loss.n_params))
 
@@ -255,9 +259,13 @@ def _newton(fun, hessian, lam, ref, gtol):
             break
         H = hessian(theta)
         H.flat[::H.shape[0] + 1] += 2.0 * lam
-        try:
-            direction = np.linalg.solve(H, grad)
-        except np.linalg.LinAlgError:   # a non-finite Hessian (overflowing data)
+        if not np.isfinite(H).all():     # overflowing data
+            break
+        # H is symmetric positive definite (>= 2λI): a Cholesky solve, by SciPy's LAPACK
+        # (on one thread, as L-BFGS-B's: _first_stage). ≈ 4 µs at p = 11 against ≈ 14 µs
+        # for numpy.linalg.solve's LU, whose call overhead dominates at these sizes.
+        _, direction, info = _posv(H, grad)
+        if info != 0:
             break
         slope = float(grad @ direction)
         if not (math.isfinite(slope) and slope > 0.0):

@@ -178,22 +178,26 @@ def test_remembered_answers_at_the_first_and_the_last_point_only():
     assert f(np.array([-0.0, 0.0, 0.0]))[0] == 0.0 and len(calls) == 5   # bytes, not values
 
 
+@pytest.mark.parametrize("newton", [True, False], ids=["newton", "lbfgs"])
 @pytest.mark.parametrize("k", [2, 3])
-def test_one_blas_thread_for_lbfgs_gives_the_bits_of_the_default_threads(monkeypatch, k):
+def test_one_blas_thread_for_the_first_stage_gives_the_bits_of_the_default_threads(
+        monkeypatch, k, newton):
     from dp_beam.mechanisms.erm import solver
     libs = solver._scipy_openblas()
     if not libs:
         pytest.skip("SciPy's OpenBLAS is not separately controllable here (threadpoolctl, wheel)")
-    monkeypatch.setattr(solver, "_NEWTON_MAX_PARAMS", 0)     # L-BFGS for every size
+    if not newton:
+        monkeypatch.setattr(solver, "_NEWTON_MAX_PARAMS", 0)     # L-BFGS for every size
     before = [lib.num_threads for lib in libs]
     seen = []
-    original = solver._lbfgsb
+    name = "_posv" if newton else "_lbfgsb"
+    original = getattr(solver, name)
 
-    def lbfgsb(*args):
+    def stage(*args):
         seen.append([lib.num_threads for lib in libs])
         return original(*args)
 
-    monkeypatch.setattr(solver, "_lbfgsb", lbfgsb)
+    monkeypatch.setattr(solver, name, stage)
     one_thread = [solve_erm(*case) for case in _solves(k, 5)]
     assert seen and all(threads == [1] * len(libs) for threads in seen)
     assert [lib.num_threads for lib in libs] == before       # restored after every solve
