@@ -124,7 +124,22 @@ def round_to_grid(x: Union[float, ArrayLike], scale: float) -> Union[float, np.n
         # A scalar mechanism's node: the same rounding without the array round trip.
         return np.array([_round_scalar(x[0], k)])
     values = np.asarray(x, dtype=np.float64)
-    return np.array([_round_scalar(v, k) for v in values.ravel()], dtype=np.float64).reshape(values.shape)
+    return _round_array(values, k)
+
+
+def _round_array(values, k):
+    """:func:`_round_scalar` of every entry, in array operations that are each exact (a scaling
+    by a power of two, IEEE round-half-to-even), so the bits are those of the scalar path:
+    a few µs for an ERM model's 11 entries against ≈ 40 µs a value at a time."""
+    finite = np.isfinite(values)
+    if not finite.all():
+        raise ValueError(f"x must be finite, got {float(values[~finite].ravel()[0])!r}")
+    # From 2^(53+k) on, x is already a multiple of 2^k and is kept (the scalar path's
+    # |r| > 2^53 and overflow exits); below it the scaling cannot overflow.
+    small = np.abs(values) < (math.ldexp(1.0, 53 + k) if 53 + k <= 1023 else math.inf)
+    r = np.rint(np.ldexp(np.where(small, values, 0.0), -k))
+    # + 0.0 turns the −0.0 of a small negative value into the 0.0 that round() gives.
+    return np.where(small, np.ldexp(r, k) + 0.0, values)
 
 
 def grid_float(z: int, k: int) -> float:

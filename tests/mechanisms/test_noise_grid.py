@@ -127,3 +127,20 @@ def test_round_to_grid_equals_exact_rational_rounding():
         for x in values:
             want = float(round(Fraction(x) / Fraction(2) ** k) * Fraction(2) ** k)
             assert round_to_grid(x, scale) == want
+
+
+@pytest.mark.parametrize("scale", [1.0, 0.37, 3.7e-20, 2.5e25, 1e-300, 1e300, 5e-324])
+def test_round_to_grid_of_an_array_has_the_bits_of_each_scalar(scale):
+    # The array path works in whole-array operations; it must give every entry the bits of
+    # the scalar path, signs of zero and the values kept past 2^(53+k) included.
+    rng = np.random.default_rng(4)
+    values = np.concatenate([
+        rng.standard_normal(401) * 10.0 ** rng.integers(-300, 300, 401),
+        [0.0, -0.0, -1e-300, 1e308, -1e308, 5e-324, -5e-324, 2.0**-31, -3 * 2.0**-31,
+         2.0**53, -(2.0**53), 2.0**53 - 1, 2.0**60 + 2.0**8, 1e-320, -0.4 * 2.0**grid_exponent(scale)]])
+    got = round_to_grid(values.reshape(2, -1), scale)
+    assert got.shape == (2, values.size // 2)
+    want = np.array([round_to_grid(float(v), scale) for v in values])
+    assert got.ravel().tobytes() == want.tobytes()
+    with pytest.raises(ValueError, match="finite"):
+        round_to_grid(np.array([1.0, np.inf]), scale)
