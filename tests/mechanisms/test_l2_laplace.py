@@ -13,40 +13,43 @@ from dp_beam.mechanisms import SecureNoise, SeededNoise, ZeroNoise
 from dp_beam.mechanisms.l2_laplace import l2_laplace_noise
 
 
-def test_l2_laplace_radius_and_direction_statistics():
-    p, b, n = 100, 1.0, 20_000
-    source = SeededNoise(20241)
+def _keyed(label):
+    from dp_beam.mechanisms.noise_key import KeyedNoise, NoiseKey
+    return KeyedNoise(NoiseKey.from_bytes(bytes(range(32))), ("l2", label))
+
+
+# The test source with p = 100, and the production source (exact Laplace draws for the
+# radius, a Box–Muller direction from its stream) on a smaller sample.
+@pytest.mark.parametrize("make_source, p, b, n", [
+    (lambda: SeededNoise(20241), 100, 1.0, 20_000),
+    (lambda: _keyed("law"), 10, 2.0, 5_000),
+], ids=["seeded", "keyed"])
+def test_l2_laplace_radius_and_direction_statistics(make_source, p, b, n):
+    source = make_source()
     nu = np.array([l2_laplace_noise(source, b, p) for _ in range(n)])
     norms = np.linalg.norm(nu, axis=1)
-    # ‖ν‖ ~ Gamma(p, b): mean p·b, sd √p·b, so the sample mean has sd √p·b/√n = 0.0707; 5 sd.
+    # ‖ν‖ ~ Gamma(p, b): mean p·b, sd √p·b, so the sample mean has sd √p·b/√n (0.0707 for
+    # the first case); 5 sd.
     assert abs(norms.mean() - p * b) < 5 * math.sqrt(p) * b / math.sqrt(n)
     assert stats.kstest(norms, stats.gamma(a=p, scale=b).cdf).pvalue > 1e-3
     # Direction uniform: each coordinate of U has mean 0 and variance 1/p, so the
-    # mean over n draws has sd 1/√(p n) = 7.1e-4; 5 sd, checked on all 100 coordinates
-    # (a 5-sd excursion has probability 6e-7 each).
+    # mean over n draws has sd 1/√(p n) (7.1e-4 for the first case); 5 sd, checked on all
+    # p coordinates (a 5-sd excursion has probability 6e-7 each).
     U = nu / norms[:, None]
     assert np.max(np.abs(U.mean(axis=0))) < 5 / math.sqrt(p * n)
-    # Per-coordinate variance (p+1)b² = 101. Pooled over the p coordinates of a
+    # Per-coordinate variance (p+1)b². Pooled over the p coordinates of a
     # draw, Σ_j ν_j²/p = R²/p exactly, so the estimate is mean(R²)/p with
     # E R² = p(p+1)b² and Var R² = p(p+1)(4p+6)b⁴ (Gamma moments): relative sd
-    # √((4p+6)/(p(p+1)n)) = 0.0014; allow 5 sd.
+    # √((4p+6)/(p(p+1)n)) (0.0014 for the first case); allow 5 sd.
     pooled = np.mean(nu**2)
     assert abs(pooled / ((p + 1) * b * b) - 1) < 5 * math.sqrt((4 * p + 6) / (p * (p + 1) * n))
 
 
-def test_l2_laplace_from_the_keyed_source_has_the_same_law():
-    # The production source: exact Laplace draws for the radius, a Box–Muller direction
-    # from its stream. Same moments as above, tolerances from the same formulas (5 sd).
-    from dp_beam.mechanisms.noise_key import KeyedNoise, NoiseKey
-    p, b, n = 10, 2.0, 5_000
-    source = KeyedNoise(NoiseKey.from_bytes(bytes(range(32))), ("l2", "law"))
-    nu = np.array([l2_laplace_noise(source, b, p) for _ in range(n)])
-    norms = np.linalg.norm(nu, axis=1)
-    assert abs(norms.mean() - p * b) < 5 * math.sqrt(p) * b / math.sqrt(n)
-    assert stats.kstest(norms, stats.gamma(a=p, scale=b).cdf).pvalue > 1e-3
-    U = nu / norms[:, None]
-    assert np.max(np.abs(U.mean(axis=0))) < 5 / math.sqrt(p * n)
-    assert source.draws == 2 * n          # a Laplace call and a direction per vector
+def test_the_keyed_source_draws_a_laplace_call_and_a_direction_per_vector():
+    source = _keyed("calls")
+    for _ in range(5):
+        l2_laplace_noise(source, 2.0, 10)
+    assert source.draws == 10
 
 
 def test_iid_laplace_is_rejected_by_the_same_test():
