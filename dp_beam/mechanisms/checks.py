@@ -20,7 +20,7 @@ import math
 import numbers
 from typing import Any, Optional
 
-__all__ = ["check_scale", "check_size", "check_step_index", "check_real", "check_int",
+__all__ = ["check_scale", "check_size", "check_dim", "check_step_index", "check_real", "check_int",
            "check_probability", "check_epsilon", "check_delta", "check_nonnegative"]
 
 
@@ -41,6 +41,13 @@ def check_size(size: Any) -> int:
     if isinstance(size, bool) or not isinstance(size, numbers.Integral) or size < 0:
         raise ValueError(f"size must be an int >= 0, got {size!r}")
     return int(size)
+
+
+def check_dim(dim: Any) -> int:
+    """``dim`` as an int, checked >= 1 (the dimension of a noise vector or its direction)."""
+    if isinstance(dim, bool) or not isinstance(dim, numbers.Integral) or dim < 1:
+        raise ValueError(f"dim must be an int >= 1, got {dim!r}")
+    return int(dim)
 
 
 def check_step_index(t: Any) -> int:

@@ -14,6 +14,7 @@ import numbers
 
 import numpy as np
 
+from .checks import check_dim
 from .noise import NoiseSource
 
 __all__ = ["l2_laplace_noise"]
@@ -29,9 +30,7 @@ def _check(scale, dim):
         raise ValueError(f"scale must be finite, got {scale!r}")
     if not scale >= 0:
         raise ValueError(f"scale must be >= 0, got {scale!r}")
-    if isinstance(dim, bool) or not isinstance(dim, numbers.Integral) or dim < 1:
-        raise ValueError(f"dim must be an int >= 1, got {dim!r}")
-    return scale, int(dim)
+    return scale, check_dim(dim)
 
 
 def l2_laplace_noise(source: NoiseSource, scale: float, dim: int) -> np.ndarray:

@@ -30,7 +30,7 @@ from typing import List, Optional, Union
 
 import numpy as np
 
-from .checks import check_scale, check_size
+from .checks import check_dim, check_scale, check_size
 from .halfwidths import gaussian_halfwidth, laplace_sum_halfwidth
 
 __all__ = [
@@ -103,9 +103,7 @@ class NoiseSource:
         rounding, is drawn again, at most 64 times. A float computation in every source;
         :class:`~dp_beam.mechanisms.noise_key.KeyedNoise` draws its own ``g``.
         """
-        dim = check_size(dim)
-        if dim < 1:
-            raise ValueError(f"dim must be >= 1, got {dim!r}")
+        dim = check_dim(dim)
         for _ in range(64):
             g = self.gaussian(1.0, dim)
             norm = float(np.linalg.norm(g))

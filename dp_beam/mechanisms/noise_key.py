@@ -52,7 +52,7 @@ from typing import Any, List, Sequence, Union
 
 import numpy as np
 
-from .checks import check_scale, check_size
+from .checks import check_dim, check_scale, check_size
 from .exact_samplers import (BitStream, bernoulli_exp, discrete_gaussian, discrete_laplace,
                              exact_rational)
 from .noise import NoiseSource
@@ -607,9 +607,7 @@ class KeyedNoise(NoiseSource):
         >>> round(float(u @ u), 12), a.draws
         (1.0, 1)
         """
-        dim = check_size(dim)
-        if dim < 1:
-            raise ValueError(f"dim must be >= 1, got {dim!r}")
+        dim = check_dim(dim)
         stream = self._next_stream()
         pairs = (dim + 1) // 2
         log1p, cos, sin, sqrt = math.log1p, math.cos, math.sin, math.sqrt

@@ -226,8 +226,11 @@ def test_keyed_direction_is_reproducible_and_reads_its_own_stream():
         g += [r * math.cos(angle), r * math.sin(angle)]
     g = np.array(g[:7])
     np.testing.assert_array_equal(first, g / math.hypot(*g))
-    with pytest.raises(ValueError, match="dim"):
-        a.direction(0)
+    from dp_beam.mechanisms import SeededNoise
+    for source in (a, SeededNoise(0)):
+        for bad in (0, -1, True, 2.0):
+            with pytest.raises(ValueError, match="dim"):
+                source.direction(bad)
 
 
 def _calls(source):
