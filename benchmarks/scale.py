@@ -24,6 +24,9 @@ on one runner in one invocation, the cases interleaved and the median of
 * ``filled``: a non-private per-key hourly count that also emits the empty
   steps, written as one cheap DoFn after a GroupByKey (what a pipeline
   without DP would run to publish the same table);
+* ``input``: the input stage alone, which every other case also runs (the
+  in-memory events through ``Create`` and the stamping ``Map``, then dropped);
+  not a release, it shows how much of each case's time is that common stage;
 * ``plain-erm-d10``, ``plain-erm-d100``: a non-private pipeline publishing
   the same models: per key, after a GroupByKey, the points in time order
   and, after every block of 8, the L2-regularised logistic model of all
@@ -50,6 +53,15 @@ with its non-private counterpart in the run (``plain-…``), the same ratio over
 users per key) against the filled count and the non-private mean on the same events;
 ``--keys ""`` runs it alone.
 
+``--per-step E`` gives every key E events per step instead of two (a minute apart, or
+spread evenly over the hour above 60) and ``--erm-block B`` the ERM cases' block size
+(``base_size`` 2B; 8 by default), for ERM configured for useful models: with
+``--per-step 64 --erm-block 256`` a model is still released every 4 steps, each block
+of 256 points where the default trains on 8 (a model whose noise is larger than
+its weights, the worst case per point). With ``input`` among the cases, a line gives
+its share of the filled count's time and every case's time beyond it (the
+transform's own cost), and the ratios of those.
+
 ``--workers N`` (N > 1) also runs the sharded count with the in-process
 runner's ``multi_processing`` mode on N worker processes and on one, checks
 that both release the same values (a fixed noise key), and prints the
@@ -62,7 +74,8 @@ build the sharded count's pipeline for N declared keys and translate it to
 the runner API, against the non-private pipeline's.
 
     python benchmarks/scale.py [--keys 10,100,1000] [--steps 72] [--repeats 3]
-        [--cases per-key,sharded,sharded-blt,sum,user-count,mean,erm-d10,erm-d100,plain-erm-d10,plain-erm-d100,plain-mean,filled]
+        [--cases per-key,sharded,sharded-blt,sum,user-count,mean,erm-d10,erm-d100,plain-erm-d10,plain-erm-d100,plain-mean,filled,input]
+        [--per-step 2] [--erm-block 8]
         [--workers 2] [--mean-users 100,1000,10000,100000 [--mean-keys 10]]
         [--rss-keys 100000] [--state-keys 100000] [--build-keys 100000]
 """
@@ -90,7 +103,8 @@ from dp_beam.mechanisms import BinaryTreeMechanism  # noqa: E402
 
 HOUR = 3600.0
 CASES = ("per-key", "sharded", "sharded-blt", "sum", "user-count", "mean", "plain-mean", "erm-d10",
-         "erm-d100", "plain-erm-d10", "plain-erm-d100", "filled")
+         "erm-d100", "plain-erm-d10", "plain-erm-d100", "filled", "input")
+#: The ERM cases' default block size (``--erm-block``) and their λ.
 ERM_BLOCK, ERM_LAMBDA = 8, 0.1
 #: Events per user on the mean's users axis (``--mean-users``).
 USER_EVENTS = 4
@@ -99,7 +113,10 @@ BENCH_KEY = dpb.NoiseKey.from_bytes(bytes(range(32)))
 
 
 def events_for(keys, steps, per_step=2):
-    return [(f"k{k}", s * HOUR + 60.0 * j, float(j % 5))
+    """``per_step`` events per key and step, ``(key, time, value)``: a minute apart, or spread
+    evenly over the hour when there are more than 60."""
+    gap = min(60.0, HOUR / per_step)
+    return [(f"k{k}", s * HOUR + gap * j, float(j % 5))
             for k in range(keys) for s in range(steps) for j in range(per_step)]
 
 
@@ -187,8 +204,9 @@ class _PlainERM(beam.DoFn):
     """Non-private: a key's logistic model (L2 penalty λ‖θ‖², intercept) after every block of
     points, each fit on all points so far by L-BFGS-B, warm-started from the last model."""
 
-    def __init__(self, dim):
+    def __init__(self, dim, block=ERM_BLOCK):
         self._features = _Features(dim)
+        self._block = block
 
     def process(self, element):
         key, events = element
@@ -196,7 +214,7 @@ class _PlainERM(beam.DoFn):
         X = np.array([self._features(e) + [1.0] for e in events])
         y = np.array([float(int(e[2]) % 2) for e in events])
         theta = np.zeros(X.shape[1])
-        for n in range(ERM_BLOCK, len(events) + 1, ERM_BLOCK):
+        for n in range(self._block, len(events) + 1, self._block):
             theta = optimize.minimize(_logistic, theta, args=(X[:n], y[:n]), jac=True,
                                       method="L-BFGS-B").x
             yield key, n, theta
@@ -210,7 +228,7 @@ def _logistic(theta, X, y):
     return value, X.T @ (p - y) / len(y) + 2.0 * ERM_LAMBDA * theta
 
 
-def private_transform(case, keys, steps, max_users=None):
+def private_transform(case, keys, steps, max_users=None, erm_block=ERM_BLOCK):
     common = dict(epsilon=1.0, step=HOUR, start=0, end=steps * HOUR, key_fn=lambda e: e[0],
                   keys=[f"k{k}" for k in range(keys)], noise_key=BENCH_KEY)
     if case == "per-key":
@@ -234,19 +252,27 @@ def private_transform(case, keys, steps, max_users=None):
         dim = int(case[len("erm-d"):])
         return dpb.ContinualERM(features_fn=_Features(dim), label_fn=lambda e: int(e[2]) % 2,
                                 classes=(0, 1), n_features=dim, feature_bound=1.0, lam=ERM_LAMBDA,
-                                block_size=ERM_BLOCK, base_size=16, timestamp_fn=lambda e: e[1], **common)
+                                block_size=erm_block, base_size=2 * erm_block,
+                                timestamp_fn=lambda e: e[1], **common)
     raise ValueError(f"unknown case {case!r}")
 
 
-def run_once(case, keys, steps, events, flags=(), sink=None, max_users=None):
+def _dropped(unused_event):
+    return False
+
+
+def run_once(case, keys, steps, events, flags=(), sink=None, max_users=None, erm_block=ERM_BLOCK):
     """(wall seconds, CPU seconds of this process) of one pipeline run (``max_users``: the
-    mean's declared users per stream, if not the key axis's)."""
+    mean's declared users per stream, if not the key axis's; ``erm_block``: the ERM cases'
+    block size)."""
     wall, cpu = time.perf_counter(), time.process_time()
     p = beam.Pipeline(options=PipelineOptions(flags=list(flags), runner="FnApiRunner"))
     stamped = p | _CreateEvents(events, reshuffle=False) | beam.Map(_stamp)
     if case == "filled":
         _ = (stamped | beam.Map(lambda e: (e[0], e[1])) | beam.GroupByKey()
              | beam.ParDo(_Filled(steps)))
+    elif case == "input":
+        _ = stamped | "Drop" >> beam.Filter(_dropped)
     elif case == "plain-mean":
         # max_samples_per_user = steps, as the private case's cap.
         _ = (stamped | beam.Map(lambda e: (_user_of(e), e)) | "PerUser" >> beam.GroupByKey()
@@ -254,14 +280,29 @@ def run_once(case, keys, steps, events, flags=(), sink=None, max_users=None):
              | beam.ParDo(_PlainMean(steps)))
     elif case.startswith("plain-erm-d"):
         _ = (stamped | beam.Map(lambda e: (e[0], e)) | beam.GroupByKey()
-             | beam.ParDo(_PlainERM(int(case[len("plain-erm-d"):]))))
+             | beam.ParDo(_PlainERM(int(case[len("plain-erm-d"):]), erm_block)))
     else:
-        releases = (stamped | private_transform(case, keys, steps, max_users)).releases
+        releases = (stamped | private_transform(case, keys, steps, max_users, erm_block)).releases
         if sink is not None:
             _ = (releases | beam.Map(lambda r: json.dumps([r.key, r.step, r.value]))
                  | beam.io.WriteToText(sink, shard_name_template=""))
     p.run().wait_until_finish()
     return time.perf_counter() - wall, time.process_time() - cpu
+
+
+def input_line(cases, seconds):
+    """The common input stage's share of the filled count's wall time, and every case's time
+    beyond it, with the ratios of those (filled's over the case's: the transform's own cost
+    against the non-private count's). Differences of medians: a rough measure."""
+    base = seconds["input"]
+    own = {c: seconds[c] - base for c in cases if c != "input"}
+    # Where the filled count's own time is within the noise of the input stage's (<= 0), a
+    # ratio to it means nothing.
+    parts = [f"{c} {own[c]:.2f} s" + (f" ({own['filled'] / own[c]:.2f})"
+                                       if c != "filled" and own[c] > 0 and own["filled"] > 0 else "")
+             for c in cases if c != "input"]
+    return (f"input stage {base:.2f} s = {base / seconds['filled']:.2f} of filled; beyond it "
+            "(filled's / the case's): " + ", ".join(parts))
 
 
 def state_bytes_per_key(keys, steps):
@@ -378,7 +419,11 @@ def main(argv=None):
     parser.add_argument("--build-keys", type=int, default=0)
     parser.add_argument("--mean-users", default="")
     parser.add_argument("--mean-keys", type=int, default=10)
+    parser.add_argument("--per-step", type=int, default=2)
+    parser.add_argument("--erm-block", type=int, default=ERM_BLOCK)
     args = parser.parse_args(argv)
+    if args.per_step < 1 or args.erm_block < 1:
+        parser.error("--per-step and --erm-block must be >= 1")
     cases = [c for c in args.cases.split(",") if c]
     unknown = set(cases) - set(CASES)
     if unknown or "filled" not in cases or "sharded" not in cases:
@@ -386,16 +431,18 @@ def main(argv=None):
     key_counts = [int(k) for k in args.keys.split(",") if k]
     if key_counts:
         print("out/s in wall time (CPU time in brackets); medians of "
-              f"{args.repeats} interleaved runs, {args.steps} steps, 2 events per key and step")
+              f"{args.repeats} interleaved runs, {args.steps} steps, {args.per_step} events per "
+              f"key and step" + (f", ERM blocks of {args.erm_block}"
+                                 if any(c.startswith(("erm-", "plain-erm-")) for c in cases) else ""))
         print(f"{'keys':>6} | " + " | ".join(f"{c:>19}" for c in cases)
               + " | sharded/filled wall | cpu")
     for keys in key_counts:
-        events = events_for(keys, args.steps)
+        events = events_for(keys, args.steps, args.per_step)
         wall = {c: [] for c in cases}
         cpu = {c: [] for c in cases}
         for _ in range(args.repeats):
             for case in cases:      # interleaved: load drifts hit every case alike
-                w, c = run_once(case, keys, args.steps, events)
+                w, c = run_once(case, keys, args.steps, events, erm_block=args.erm_block)
                 wall[case].append(w)
                 cpu[case].append(c)
         n = keys * args.steps
@@ -407,7 +454,10 @@ def main(argv=None):
         # Every private case against the same run's filled count (the issue's measure).
         print(f"{keys:>6} | / filled, wall (cpu): " + ", ".join(
             f"{c} {rate[c] / rate['filled']:.2f} ({crate[c] / crate['filled']:.2f})"
-            for c in cases if c != "filled" and not c.startswith("plain-")), flush=True)
+            for c in cases if c not in ("filled", "input") and not c.startswith("plain-")), flush=True)
+        if "input" in cases:
+            print(f"{keys:>6} | " + input_line(cases, {c: statistics.median(wall[c]) for c in cases}),
+                  flush=True)
         for c in cases:
             if c.startswith("plain-") and c[len("plain-"):] in cases:
                 # A private case against the non-private pipeline publishing the same values.

@@ -690,3 +690,25 @@ def test_the_scale_benchmark_runs_the_mean_users_axis(capsys):
                  "--repeats", "1", "--state-keys", "0"])
     rows = [line for line in capsys.readouterr().out.splitlines() if line.lstrip().startswith("20 |")]
     assert len(rows) == 1 and rows[0].split("|")[1].strip() == "80"
+
+
+def test_the_scale_benchmark_spreads_many_events_and_sizes_the_erm_blocks(capsys):
+    """benchmarks/scale.py --per-step, --erm-block and the input case: two events a step stay a
+    minute apart, more than 60 are spread over their hour, the ERM cases take the block size
+    (base 2B), and a run with the input stage prints its share and each case's time beyond it."""
+    module = _benchmark("scale")
+    assert module.events_for(1, 1) == [("k0", 0.0, 0.0), ("k0", 60.0, 1.0)]
+    events = module.events_for(2, 3, 70)
+    assert len(events) == 2 * 3 * 70
+    for k in range(2):
+        for s in range(3):
+            times = [e[1] for e in events if e[0] == f"k{k}" and int(e[1] // module.HOUR) == s]
+            assert len(set(times)) == 70
+    erm = module.private_transform("erm-d10", 2, 3, erm_block=16)
+    assert (erm._config.block_size, erm._config.base_size) == (16, 32)
+    module.main(["--keys", "2", "--steps", "3", "--per-step", "70", "--erm-block", "16",
+                 "--cases", "sharded,erm-d10,input,filled", "--repeats", "1", "--state-keys", "0"])
+    out = capsys.readouterr().out
+    assert "70 events per key and step, ERM blocks of 16" in out
+    lines = [line for line in out.splitlines() if "input stage" in line]
+    assert len(lines) == 1 and "sharded " in lines[0] and "erm-d10 " in lines[0]
