@@ -80,6 +80,7 @@ import datetime
 from typing import Any, Callable, Dict, Optional, Sequence, Type, Union
 
 import apache_beam as beam
+import numpy as np
 from numpy.typing import ArrayLike
 
 from dp_beam.mechanisms import ZeroNoise
@@ -111,6 +112,13 @@ def _order_key(point):
 
 def _listify(value):
     return value.tolist() if hasattr(value, "tolist") else value
+
+
+#: A step with at least this many points goes to the stream as one array (``extend``: one
+#: clipping of all rows) instead of a push per point. Measured per row (d = 10): 4.5 µs by
+#: ``clip_point``, 0.7 µs in an array of 64 rows and 9 µs in one of 2; the records are the
+#: same either way (tests/transforms/test_erm.py).
+_ARRAY_POINTS = 8
 
 
 class ERMReleaseSpec(ReleaseSpec):
@@ -184,21 +192,26 @@ class ERMReleaseSpec(ReleaseSpec):
 
     def release(self, mechanism, key, step, aggregate):
         bs = mechanism.block_size
-        for point in self.ordered(key, aggregate):
-            _, _, features, label = point
-            for rel in mechanism.push(features, label):
-                # The stream's loss has the release's shape: one unpack, not one per field.
-                weights, intercept = mechanism.loss.unpack(rel.params)
-                yield ModelRecord(
-                    key=key, step=step, window_start=step * self.step_seconds,
-                    window_end=(step + 1) * self.step_seconds, t=rel.t, kind=rel.kind,
-                    level=rel.level, weights=_listify(weights), intercept=_listify(intercept),
-                    classes=tuple(rel.classes), trained_on=tuple(rel.trained_on),
-                    blocks=(rel.trained_on[0] // bs, rel.trained_on[1] // bs),
-                    data_window=tuple(rel.window), depends_on=tuple(rel.depends_on),
-                    regulariser=rel.regulariser, noise=rel.noise, noise_scale=float(rel.noise_scale),
-                    noise_std=float(rel.noise_std), call_epsilon=rel.call_epsilon,
-                    call_rho=float(rel.call_rho), mechanism=mechanism.name, transform=self.transform)
+        points = self.ordered(key, aggregate)
+        if len(points) >= _ARRAY_POINTS:
+            releases = mechanism.extend(np.array([p[2] for p in points], dtype=np.float64),
+                                        [p[3] for p in points])
+        else:
+            releases = [rel for _, _, features, label in points
+                        for rel in mechanism.push(features, label)]
+        for rel in releases:
+            # The stream's loss has the release's shape: one unpack, not one per field.
+            weights, intercept = mechanism.loss.unpack(rel.params)
+            yield ModelRecord(
+                key=key, step=step, window_start=step * self.step_seconds,
+                window_end=(step + 1) * self.step_seconds, t=rel.t, kind=rel.kind,
+                level=rel.level, weights=_listify(weights), intercept=_listify(intercept),
+                classes=tuple(rel.classes), trained_on=tuple(rel.trained_on),
+                blocks=(rel.trained_on[0] // bs, rel.trained_on[1] // bs),
+                data_window=tuple(rel.window), depends_on=tuple(rel.depends_on),
+                regulariser=rel.regulariser, noise=rel.noise, noise_scale=float(rel.noise_scale),
+                noise_std=float(rel.noise_std), call_epsilon=rel.call_epsilon,
+                call_rho=float(rel.call_rho), mechanism=mechanism.name, transform=self.transform)
 
     def ledger(self, key):
         return [self._ledger._replace(key=key)]

@@ -140,6 +140,10 @@ def event_seconds(value: Any) -> Tuple[Optional[float], Optional[str]]:
     >>> event_seconds(datetime.datetime(2013, 1, 1))[1][:40]
     'event time is a naive datetime (no time '
     """
+    if type(value) is float:
+        # Plain epoch seconds, the usual case: none of the types below is a float.
+        ts, err = as_real(value)
+        return (ts, None) if err is None else (None, f"event time {err}")
     if isinstance(value, datetime.datetime):
         if value != value:  # pandas.NaT
             return None, "event time is missing (NaT)"
@@ -436,7 +440,7 @@ class ValidatingDoFn(beam.DoFn):
             err = None if self._time_lo <= ts < self._time_hi else self._time_error(ts)
         else:
             ts, err = self._event_time(element, timestamp)
-            if err is None:
+            if err is None and not self._time_lo <= ts < self._time_hi:
                 err = self._time_error(ts)
         if err:
             return None, None, err

@@ -138,6 +138,11 @@ class _Recorder:
         self.pushed.append((features, label))
         return []
 
+    def extend(self, X, labels):
+        # A step of many points comes as one array: recorded row by row, as pushes would be.
+        self.pushed.extend((tuple(float(v) for v in row), label) for row, label in zip(X, labels))
+        return []
+
 
 def _pushed(points, order=None, monkeypatch=None):
     recorder = _Recorder()

@@ -376,6 +376,33 @@ def test_seeded_transform_with_log_matches_the_self_contained_state_bit_for_bit(
         assert a.weights == _listify(b.weights) and a.intercept == b.intercept
 
 
+@pytest.mark.parametrize("transform,cls,args", [
+    (ContinualERM, mech.ContinualERMMechanism, dict(block_size=3, base_size=6)),
+    (SlidingWindowERM, mech.SlidingWindowERMMechanism, dict(block_size=2, window=14)),
+    (MultiResolutionERM, mech.MultiResolutionERMMechanism, dict(block_size=4)),
+])
+def test_steps_of_many_points_go_in_as_one_array_with_the_records_of_a_push_per_point(
+        transform, cls, args):
+    # 25 points a step, 2 in the last: the release hands a step of at least _ARRAY_POINTS
+    # points to the stream as one array (extend) and pushes the last step's points; the
+    # reference pushes them all one by one.
+    from dp_beam.transforms.erm import _ARRAY_POINTS
+    events = [dict(e, ts=1.0 + 0.4 * i) for i, e in enumerate(_points(100, seed=4))]
+    per_step = {}
+    for e in events:
+        per_step[int(e["ts"] // STEP)] = per_step.get(int(e["ts"] // STEP), 0) + 1
+    counts = sorted(per_step.values())
+    assert counts[0] < _ARRAY_POINTS <= counts[1]
+    out = _run(transform(rng=7, end=50.0, **args, **COMMON), events)
+    got = sorted(out["releases"], key=lambda r: (r.t, r.level, r.kind))
+    want = sorted(_seeded_reference(cls, {**MECH_ARGS, **args}, events, 7),
+                  key=lambda r: (r.t, r.level, r.kind))
+    assert [(r.t, r.kind, r.level) for r in got] == [(r.t, r.kind, r.level) for r in want]
+    assert len(got) >= 20
+    for a, b in zip(got, want):
+        assert a.weights == _listify(b.weights) and a.intercept == b.intercept
+
+
 def test_seeded_ties_are_reproducible_and_follow_the_test_tiebreaker():
     # Four points per event time: a test seed orders them by a hash of (seed, point),
     # so runs repeat and match the reference; production draws the order at random.

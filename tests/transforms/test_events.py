@@ -142,6 +142,30 @@ def test_without_end_implausibly_late_times_are_rejected_as_milliseconds():
     assert fn._time_and_key({"ts": T0 + 10}, None)[2] is None
 
 
+def test_timestamp_fn_times_take_the_checks_of_the_schedule_at_its_edges():
+    # Times from timestamp_fn pass two comparisons when they are inside the accepted
+    # interval and take the full checks otherwise: the same answers as the checks alone.
+    import math
+    from dp_beam.transforms.events import PrepareEvents
+    schedule = _count()._schedule
+    fn = PrepareEvents("t", timestamp_fn=lambda e: e["ts"], schedule=schedule)
+    end = T0 + 24 * HOUR
+    edges = [T0, end]
+    times = [t for e in edges for t in (math.nextafter(e, -math.inf), e, math.nextafter(e, math.inf))]
+    times += [e + d for e in edges for d in (-1e-6, -5e-7, -4e-7, 4e-7, 5e-7, 1e-6)]
+    times += [T0 + 5 * HOUR, -1e300, 1e300]
+    accepted = 0
+    for ts in times:
+        got = fn._time_and_key({"ts": ts}, None)
+        want = fn._time_error(ts)
+        assert got[2] == want, ts
+        accepted += want is None
+        assert (got[0] == ts) == (want is None)
+    assert 0 < accepted < len(times)
+    for bad in (math.nan, math.inf, np.float64(math.nan), "noon"):
+        assert fn._time_and_key({"ts": bad}, None)[0] is None
+
+
 def test_one_far_event_allocates_no_steps():
     # Formerly one event 10 years late stretched a batch run to 262,803 releases (73 s,
     # 568 MiB) and a millisecond time never finished. Outliers are rejected on arrival.

@@ -178,10 +178,32 @@ class ERMStream:
         return self._consume(Xb, yb)
 
     def extend(self, X: ArrayLike, y: ArrayLike) -> List[ModelRelease]:
-        """Push many points in order; returns all releases they complete."""
+        """Push many points in order; returns all releases they complete.
+
+        The same releases and state as :meth:`push` per point, but checked first, all of
+        them: a bad row or label, or ``X`` and ``y`` of different lengths, raises
+        ValueError before any point is taken (pushing point by point would have consumed
+        the points before it, and maybe drawn noise). The rows are clipped as one array,
+        whose rows have :meth:`~.loss.LogisticLoss.clip_point`'s bits.
+        """
+        labels = list(y)
+        X = np.asarray(X, dtype=np.float64)
+        if not labels and X.size == 0:
+            return []
+        X = self.loss.clip(X)
+        if X.shape[0] != len(labels):
+            raise ValueError(f"X and y must hold the same number of points, got {X.shape[0]} "
+                             f"and {len(labels)}")
+        indices = [self.loss.label_index(v) for v in labels]
         out = []
-        for xi, yi in zip(np.asarray(X, dtype=np.float64), list(y)):
-            out.extend(self.push(xi, yi))
+        size = self.block_size
+        for row, index in zip(X, indices):
+            self._buffer_X.append(row)
+            self._buffer_y.append(index)
+            if len(self._buffer_y) == size:
+                Xb, yb = np.array(self._buffer_X), np.array(self._buffer_y, dtype=np.int64)
+                self._buffer_X, self._buffer_y = [], []
+                out.extend(self._consume(Xb, yb))
         return out
 
     def step(self, X: ArrayLike, y: ArrayLike) -> List[ModelRelease]:

@@ -54,6 +54,42 @@ def test_push_per_point_equals_step_per_block():
         np.testing.assert_array_equal(r1.params, r2.params)
 
 
+@pytest.mark.parametrize("make", [
+    lambda rng: MultiResolutionERMMechanism(1.0, 3, lam=0.5, max_scale=1, rng=rng, **UNIT),
+    lambda rng: ContinualERMMechanism(1.0, 2, 4, lam=0.5, rng=rng, **UNIT),
+    lambda rng: SlidingWindowERMMechanism(1.0, 2, 6, lam=0.5, rng=rng, **UNIT),
+])
+def test_extend_releases_and_keeps_what_a_push_per_point_does(make):
+    # Rows far outside the bound are clipped, as one array by extend and one by one by push:
+    # the bits must agree, in the releases and in the state (the partial block included).
+    X, y = data(23, seed=8)
+    X = X * np.linspace(0.2, 40.0, 23)[:, None]
+    a, b = make(5), make(5)
+    via_push = [r for i in range(23) for r in a.push(X[i], y[i])]
+    via_extend = b.extend(X[:9], y[:9]) + b.extend(X[9:], y[9:])
+    assert len(via_push) == len(via_extend) >= 5
+    for r1, r2 in zip(via_push, via_extend):
+        assert r1.params.tobytes() == r2.params.tobytes() and r1 == r2
+    assert json.dumps(a.to_state()) == json.dumps(b.to_state())
+    assert b.extend(np.zeros((0, 2)), []) == [] and b.extend([], []) == []
+
+
+@pytest.mark.parametrize("bad,match", [
+    (lambda X, y: (np.where(np.arange(7)[:, None] == 5, np.nan, X), y), "finite"),
+    (lambda X, y: (X, list(y[:5]) + [9] + list(y[6:])), "y must hold labels"),
+    (lambda X, y: (X, y[:6]), "same number of points"),
+    (lambda X, y: (X[:, :1], y), "shape"),
+])
+def test_extend_checks_every_point_before_it_takes_any(bad, match):
+    # A push per point would have taken the points before the bad one (a block, maybe noise).
+    X, y = data(7, seed=9)
+    stream = ContinualERMMechanism(1.0, 2, 2, lam=0.5, rng=1, **UNIT)
+    before = json.dumps(stream.to_state())
+    with pytest.raises(ValueError, match=match):
+        stream.extend(*bad(X, y))
+    assert json.dumps(stream.to_state()) == before and stream.t == 0
+
+
 def test_other_configuration_and_input_errors():
     with pytest.raises(ValueError, match="base_size"):
         ContinualERMMechanism(1.0, 1024, 1000, lam=1, **UNIT)
