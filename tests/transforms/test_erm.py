@@ -358,6 +358,18 @@ def _seeded_reference(cls, args, events, seed, key=None, start_step=0, tie_seed=
 MECH_ARGS = dict(epsilon=1.0, n_features=2, classes=["a", "b"], feature_bound=2.0, lam=0.5)
 
 
+def _assert_seeded_records(transform, cls, args, events, end):
+    """The transform with rng=7 releases the models of :func:`_seeded_reference`, bit for bit."""
+    out = _run(transform(rng=7, end=end, **args, **COMMON), events)
+    got = sorted(out["releases"], key=lambda r: (r.t, r.level, r.kind))
+    want = sorted(_seeded_reference(cls, {**MECH_ARGS, **args}, events, 7),
+                  key=lambda r: (r.t, r.level, r.kind))
+    assert [(r.t, r.kind, r.level) for r in got] == [(r.t, r.kind, r.level) for r in want]
+    assert len(got) >= 20
+    for a, b in zip(got, want):
+        assert a.weights == _listify(b.weights) and a.intercept == b.intercept
+
+
 @pytest.mark.parametrize("transform,cls,args", [
     (ContinualERM, mech.ContinualERMMechanism, dict(block_size=3, base_size=6)),
     (SlidingWindowERM, mech.SlidingWindowERMMechanism, dict(block_size=2, window=14)),
@@ -366,14 +378,7 @@ MECH_ARGS = dict(epsilon=1.0, n_features=2, classes=["a", "b"], feature_bound=2.
 ])
 def test_seeded_transform_with_log_matches_the_self_contained_state_bit_for_bit(transform, cls, args):
     events = _points(90)
-    out = _run(transform(rng=7, end=160.0, **args, **COMMON), events)
-    got = sorted(out["releases"], key=lambda r: (r.t, r.level, r.kind))
-    want = sorted(_seeded_reference(cls, {**MECH_ARGS, **args}, events, 7),
-                  key=lambda r: (r.t, r.level, r.kind))
-    assert [(r.t, r.kind, r.level) for r in got] == [(r.t, r.kind, r.level) for r in want]
-    assert len(got) >= 20
-    for a, b in zip(got, want):
-        assert a.weights == _listify(b.weights) and a.intercept == b.intercept
+    _assert_seeded_records(transform, cls, args, events, 160.0)
 
 
 @pytest.mark.parametrize("transform,cls,args", [
@@ -393,14 +398,7 @@ def test_steps_of_many_points_go_in_as_one_array_with_the_records_of_a_push_per_
         per_step[int(e["ts"] // STEP)] = per_step.get(int(e["ts"] // STEP), 0) + 1
     counts = sorted(per_step.values())
     assert counts[0] < _ARRAY_POINTS <= counts[1]
-    out = _run(transform(rng=7, end=50.0, **args, **COMMON), events)
-    got = sorted(out["releases"], key=lambda r: (r.t, r.level, r.kind))
-    want = sorted(_seeded_reference(cls, {**MECH_ARGS, **args}, events, 7),
-                  key=lambda r: (r.t, r.level, r.kind))
-    assert [(r.t, r.kind, r.level) for r in got] == [(r.t, r.kind, r.level) for r in want]
-    assert len(got) >= 20
-    for a, b in zip(got, want):
-        assert a.weights == _listify(b.weights) and a.intercept == b.intercept
+    _assert_seeded_records(transform, cls, args, events, 50.0)
 
 
 def test_seeded_ties_are_reproducible_and_follow_the_test_tiebreaker():

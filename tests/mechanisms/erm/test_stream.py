@@ -19,12 +19,15 @@ from dp_beam.mechanisms.calibration import rho_from_eps_delta
 
 from .helpers import UNIT, data
 
-
-@pytest.mark.parametrize("make", [
+#: One stream of each family, from its noise source.
+MAKERS = [
     lambda rng: MultiResolutionERMMechanism(1.0, 3, lam=0.5, max_scale=1, rng=rng, **UNIT),
     lambda rng: ContinualERMMechanism(1.0, 2, 4, lam=0.5, rng=rng, **UNIT),
     lambda rng: SlidingWindowERMMechanism(1.0, 2, 6, lam=0.5, rng=rng, **UNIT),
-])
+]
+
+
+@pytest.mark.parametrize("make", MAKERS)
 def test_state_round_trip_continues_identically(make):
     X, y = data(40, seed=11)
     a = make(np.random.default_rng(5))
@@ -54,11 +57,7 @@ def test_push_per_point_equals_step_per_block():
         np.testing.assert_array_equal(r1.params, r2.params)
 
 
-@pytest.mark.parametrize("make", [
-    lambda rng: MultiResolutionERMMechanism(1.0, 3, lam=0.5, max_scale=1, rng=rng, **UNIT),
-    lambda rng: ContinualERMMechanism(1.0, 2, 4, lam=0.5, rng=rng, **UNIT),
-    lambda rng: SlidingWindowERMMechanism(1.0, 2, 6, lam=0.5, rng=rng, **UNIT),
-])
+@pytest.mark.parametrize("make", MAKERS)
 def test_extend_releases_and_keeps_what_a_push_per_point_does(make):
     # Rows far outside the bound are clipped, as one array by extend and one by one by push:
     # the bits must agree, in the releases and in the state (the partial block included).
