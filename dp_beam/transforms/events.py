@@ -142,8 +142,7 @@ def event_seconds(value: Any) -> Tuple[Optional[float], Optional[str]]:
     """
     if type(value) is float:
         # Plain epoch seconds, the usual case: none of the types below is a float.
-        ts, err = as_real(value)
-        return (ts, None) if err is None else (None, f"event time {err}")
+        return _real_seconds(value)
     if isinstance(value, datetime.datetime):
         if value != value:  # pandas.NaT
             return None, "event time is missing (NaT)"
@@ -167,6 +166,11 @@ def event_seconds(value: Any) -> Tuple[Optional[float], Optional[str]]:
     if isinstance(value, datetime.date):
         return None, ("event time is a date, not a point in time: return an aware datetime or "
                       "epoch seconds")
+    return _real_seconds(value)
+
+
+def _real_seconds(value):
+    """:func:`event_seconds` of a number: ``as_real``'s float, or its reason."""
     ts, err = as_real(value)
     if err:
         return None, f"event time {err}"
@@ -434,14 +438,10 @@ class ValidatingDoFn(beam.DoFn):
 
         The event time must fall in a released step of the public schedule.
         """
-        if self._timestamp_fn is None:
-            ts = timestamp.micros / 1e6
+        ts, err = self._event_time(element, timestamp)
+        if err is None and not self._time_lo <= ts < self._time_hi:
             # The common case in two comparisons (_accepted_times); outside, the reason.
-            err = None if self._time_lo <= ts < self._time_hi else self._time_error(ts)
-        else:
-            ts, err = self._event_time(element, timestamp)
-            if err is None and not self._time_lo <= ts < self._time_hi:
-                err = self._time_error(ts)
+            err = self._time_error(ts)
         if err:
             return None, None, err
         key, err = self._key(element, side)

@@ -167,10 +167,12 @@ class ERMStream:
     def push(self, x: ArrayLike, y: Any) -> List[ModelRelease]:
         """Buffer one point; when a block completes, run :meth:`step` and return its releases."""
         # The single-point forms: for one row, the batch forms' set-up costs more than the work.
-        row = self.loss.clip_point(x)
-        yi = self.loss.label_index(y)
+        return self._take(self.loss.clip_point(x), self.loss.label_index(y))
+
+    def _take(self, row, index):
+        """Buffer one clipped row and its class index; consume the block they complete."""
         self._buffer_X.append(row)
-        self._buffer_y.append(yi)
+        self._buffer_y.append(index)
         if len(self._buffer_y) < self.block_size:
             return []
         Xb, yb = np.array(self._buffer_X), np.array(self._buffer_y, dtype=np.int64)
@@ -196,14 +198,8 @@ class ERMStream:
                              f"and {len(labels)}")
         indices = [self.loss.label_index(v) for v in labels]
         out = []
-        size = self.block_size
         for row, index in zip(X, indices):
-            self._buffer_X.append(row)
-            self._buffer_y.append(index)
-            if len(self._buffer_y) == size:
-                Xb, yb = np.array(self._buffer_X), np.array(self._buffer_y, dtype=np.int64)
-                self._buffer_X, self._buffer_y = [], []
-                out.extend(self._consume(Xb, yb))
+            out.extend(self._take(row, index))
         return out
 
     def step(self, X: ArrayLike, y: ArrayLike) -> List[ModelRelease]:
