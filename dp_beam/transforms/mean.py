@@ -80,7 +80,7 @@ from apache_beam.transforms.window import FixedWindows, GlobalWindows
 from dp_beam.accounting.cost import Cost
 from dp_beam.mechanisms.calibration import eps_from_rho_delta
 from dp_beam.mechanisms.continual_mean import (ContinualMeanCore, MeanAggregate, MeanConfig,
-                                               MeanParams)
+                                               MeanLockstep, MeanParams)
 from dp_beam.records import LedgerEntry
 from dp_beam.records_mean import MeanRelease
 from dp_beam.transforms.contributions import CountCapped
@@ -211,8 +211,19 @@ class MeanReleaseSpec(ReleaseSpec):
         return super().reseed(mechanism, rng, **({} if log is None else {"log": log}))
 
     def release(self, mechanism, key, step, aggregate):
-        out = mechanism.step(aggregate)
-        yield MeanRelease(
+        return (self._record(key, step, mechanism.step(aggregate)),)
+
+    def lockstep(self, mechanisms):
+        # Streams without a log (the tuned preset's, or any without medians) step their
+        # trees together; a stream whose medians read a log steps on its own.
+        return MeanLockstep(mechanisms) if MeanLockstep.eligible(mechanisms) else None
+
+    def release_lockstep(self, lockstep, keys, step, aggregates, sources):
+        outs = lockstep.step(aggregates, sources)
+        return [self._record(key, step, out) for key, out in zip(keys, outs)]
+
+    def _record(self, key, step, out):
+        return MeanRelease(
             key=key, step=step, window_start=step * self.step_seconds,
             window_end=(step + 1) * self.step_seconds, value=plain(out.estimate),
             noise_std=plain(out.noise_std), ci95=plain(out.ci95),

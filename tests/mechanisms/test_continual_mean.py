@@ -755,6 +755,11 @@ def test_plan_takes_the_prior_query_with_few_users_under_values_only():
         MeanParams(300, 512, 1.0, neighbours="values", prior_query=1)
     with pytest.raises(ValueError, match="prior_query"):
         MeanParams(300, 512, 1.0, neighbours="values", prior_query=True, prior_ratio=math.inf)
+    # Asked for the query with too few samples per user for any level to take a prior, at
+    # every ratio the plan would try (it used to fail inside the plan's comparison).
+    with pytest.raises(ValueError, match="prior_query=True needs a level with a prior"):
+        MeanParams(40, 32, 5.0, neighbours="values", prior_query=True)
+    assert MeanParams(40, 64, 5.0, neighbours="values", prior_query=True).prior_levels == [6]
 
 
 def test_prior_query_answers_once_with_the_mean_of_user_means():

@@ -140,8 +140,13 @@ def test_batch_shard_steps_its_streams_together(monkeypatch, options, together):
 
 
 @pytest.mark.parametrize("preset", ["tuned", "paper"])
-def test_batch_sharded_mean_equals_per_key_mean(preset):
+def test_batch_sharded_mean_equals_per_key_mean(preset, monkeypatch):
     # The paper preset keeps its medians' samples in a per-stream log.
+    from dp_beam.mechanisms.continual_mean import MeanLockstep
+
+    calls = []
+    monkeypatch.setattr(MeanLockstep, "step", lambda self, aggs, sources, step=MeanLockstep.step:
+                        calls.append(len(aggs)) or step(self, aggs, sources))
     keys, steps = 6, 6
     events = [(f"k{k}", s * HOUR + 60.0 * j, float((k + j) % 7), f"u{j}") for k in range(keys)
               for s in range(steps) for j in range(3)]
@@ -160,8 +165,14 @@ def test_batch_sharded_mean_equals_per_key_mean(preset):
         return (sorted(repr(r) for r in out["releases"]), sorted(repr(e) for e in out["accounting"]))
 
     per_key = run(0)
-    assert len(per_key[0]) == keys * steps
+    assert len(per_key[0]) == keys * steps and not calls
     assert run(2) == per_key
+    if preset == "tuned":
+        # Each shard stepped its streams together at every step.
+        assert len(calls) == 2 * steps and sum(calls) == keys * steps
+    else:
+        # Streams whose medians read a log step one by one.
+        assert not calls
 
 
 @pytest.mark.parametrize("cls, extra", [(dpb.ContinualERM, {"base_size": 16}),

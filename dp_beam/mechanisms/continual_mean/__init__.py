@@ -120,8 +120,9 @@ Budget split (M-7; ``preset="paper"``)
 
 Submodules, one concept each: :mod:`.schedule` (M-2), :mod:`.params` and
 its tuned plan :mod:`.plan` (M-7, M-8), :mod:`.median` (Algorithm 7),
-:mod:`.aggregate` and :mod:`.core` (Algorithm 6), :mod:`.stream` (the
-engine-free whole) and :mod:`.baselines`; the exponential mechanism is
+:mod:`.aggregate` and :mod:`.core` (Algorithm 6), :mod:`.lockstep` (many
+streams' trees stepped together), :mod:`.stream` (the engine-free whole) and
+:mod:`.baselines`; the exponential mechanism is
 :mod:`dp_beam.mechanisms.exponential`. Every name is re-exported here.
 """
 
@@ -130,6 +131,7 @@ from .aggregate import MeanAggregate
 from .baselines import (MultiTreeMean, NaiveMean, SingleTreeMean, StepNaiveMean, StepPriorMean,
                         prior_truncation)
 from .core import ContinualMeanCore, MeanStep
+from .lockstep import MeanLockstep
 from .median import grid, median_cost, private_median, quantize
 from .config import NEIGHBOURS, PRESETS, MeanConfig, check_keywords, mean_config
 from .params import MeanParams
@@ -167,6 +169,7 @@ __all__ = [
     "private_median",
     "ContinualMeanCore",
     "ContinualMeanMechanism",
+    "MeanLockstep",
     "MeanStep",
     "NaiveMean",
     "SingleTreeMean",

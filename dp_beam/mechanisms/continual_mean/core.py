@@ -128,6 +128,7 @@ class ContinualMeanCore:
         # Per level, for the d = 1 inputs: the level, whether it takes a prior, whether its
         # samples are fed at once (looked up once per stream, not per level and step).
         self._level_plan = tuple((lv, lv in p.prior_set, lv in p.immediate) for lv in p.levels)
+        self._tree_list = [self.trees[j] for j in range(len(p.tree_groups))]
         self._tokens = {j: _config_token(tree) for j, tree in self.trees.items()}
         if self.count_tree is not None:
             self._tokens["count"] = _config_token(self.count_tree)
@@ -264,8 +265,22 @@ class ContinualMeanCore:
 
     def step(self, agg: Optional[MeanAggregate] = None) -> MeanStep:
         """Consume one step's :class:`MeanAggregate` (None = empty step); return a :class:`MeanStep`."""
-        p = self.p
         agg = agg if agg is not None else MeanAggregate()
+        x = self.step_begin(agg)
+        inputs = self.step_middle(agg, None if x is None else self.count_tree.step(x))
+        return self.step_end(agg, [tree.step(v) for tree, v in zip(self._tree_list, inputs)])
+
+    # A step in three parts around its tree steps, so that many streams of one
+    # configuration can step their trees together (:mod:`.lockstep`): step_begin,
+    # the count tree's step, step_middle, each value tree's step, step_end. Each
+    # part draws what it draws in the order of a whole step (the prior query before
+    # the count tree, a median after it), so a stream's draws and state are the same
+    # whether its trees are stepped alone or with others.
+
+    def step_begin(self, agg: MeanAggregate) -> Any:
+        """The first part of :meth:`step` (``agg`` not None): the public counters and the
+        prior query; returns the count tree's input (``None`` without a count tree)."""
+        p = self.p
         self.t += 1
         for lv, c in agg.counts.items():
             self.counts[lv] += c
@@ -282,17 +297,33 @@ class ContinualMeanCore:
         if p.median_levels and any(not self.active[lv] for lv in p.median_levels):
             for key, idx, x in agg.samples:
                 self.store.setdefault(key, []).append((idx, np.asarray(x, dtype=np.float64)))
+        if self.count_tree is None:
+            return None
+        return self._count_input(agg)
+
+    def step_middle(self, agg: MeanAggregate, noisy: Any) -> list:
+        """The second part of :meth:`step`: reads the count tree's release ``noisy`` (``None``
+        without a count tree), activates levels; returns each value tree's input, in the
+        order of :attr:`tree_list`."""
         if self.count_tree is not None:
-            self._step_count_tree(agg)
+            self._read_counts(noisy)
         feed, fed_n = self._activate(agg)
         totals = self._tree_inputs(agg, feed, fed_n)
-        released = self._released = {}
-        for j, group in enumerate(p.tree_groups):
-            released[j] = self.trees[j].step(sum(totals[lv] for lv in group))
+        return [sum(totals[lv] for lv in group) for group in self.p.tree_groups]
+
+    def step_end(self, agg: MeanAggregate, released: list) -> MeanStep:
+        """The last part of :meth:`step`: the estimate from the value trees' releases
+        (in the order of :attr:`tree_list`)."""
+        self._released = dict(enumerate(released))
         return self._output(agg)
 
-    def _step_count_tree(self, agg):
-        """Participation: the count tree's step, read back as clamped noisy counts (M-5)."""
+    @property
+    def tree_list(self) -> list:
+        """The value trees, tree j of ``p.tree_groups`` at position j."""
+        return self._tree_list
+
+    def _count_input(self, agg):
+        """Participation: the count tree's input this step (M-5)."""
         p = self.p
         # Per coordinate in floats: float64 products and quotients, as on arrays.
         n_low, counts = agg.n_low, agg.counts
@@ -304,7 +335,11 @@ class ContinualMeanCore:
         if p.median_levels:
             x += [agg.a_inc.get(lv, 0) / element_size(lv) * w
                   for lv, w in zip(p.median_levels, self._weights[len(x):])]
-        noisy = self.count_tree.step(x[0] if len(x) == 1 else x)
+        return x[0] if len(x) == 1 else x
+
+    def _read_counts(self, noisy):
+        """Participation: the count tree's release read back as clamped noisy counts (M-5)."""
+        p = self.p
         if type(noisy) is float:
             noisy = [noisy]
         else:

@@ -151,6 +151,10 @@ class TunedPlan:
             if cand[1] and not self.prior_levels:
                 continue                              # a query no level could use
             errors[cand] = [self.planned_error(self.n * f)[0] for f in PLAN_USER_FRACTIONS]
+        if not errors:
+            # Only queries were asked for (prior_query=True), and no ratio gives a level a prior.
+            raise ValueError("prior_query=True needs a level with a prior: none for this "
+                             "max_samples_per_user at any prior_ratio")
         candidates = list(errors)
         best = [min(e[i] for e in errors.values()) for i in range(len(PLAN_USER_FRACTIONS))]
         regret = {cand: max(e / b for e, b in zip(errs, best)) for cand, errs in errors.items()}

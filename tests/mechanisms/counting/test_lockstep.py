@@ -410,3 +410,31 @@ def test_arrays_are_checked_against_the_template():
         LockstepBLT.from_arrays(_blt_streams(1, None)[0], blt_bounded)
     with pytest.raises(ValueError, match="arrays"):
         LockstepBLT.from_arrays(_blt_streams(1, 8)[0], {**blt_bounded, "right": []})
+
+
+@pytest.mark.parametrize("name,noise", [("BinaryTreeMechanism", "laplace"),
+                                        ("BLTMechanism", "gaussian"),
+                                        ("HonakerTreeMechanism", "laplace")])
+def test_write_counts_gives_the_step_counts_only(name, noise):
+    """Between steps ``write_counts`` gives every mechanism its step count, so its public
+    figures at ``m.t`` are those of its own steps, and the releases and states after
+    ``write_back`` are unchanged by it (a counter stepped in place keeps its own count)."""
+    from dp_beam.mechanisms import counting
+
+    cls = getattr(counting, name)
+    n, steps = 3, 12
+    inputs = _inputs(n, steps)
+    own_streams = [_counter(cls, None, noise) for _ in range(n)]
+    own = _own_steps(own_streams, inputs, _keyed)
+    streams = [_counter(cls, None, noise) for _ in range(n)]
+    lock = lockstep_of(streams)
+    got = []
+    for s, row in enumerate(inputs):
+        got += _lock_steps(lock, [row], _keyed, first=s)
+        lock.write_counts()
+        assert [m.t for m in streams] == [s + 1] * n
+        assert [m.ci_halfwidth(m.t) for m in streams] == [own_streams[0].ci_halfwidth(s + 1)] * n
+    lock.write_back()
+    assert _bits(got) == _bits(own)
+    for a, b in zip(own_streams, streams):
+        assert a.to_state() == b.to_state()
