@@ -323,6 +323,51 @@ def test_streaming_sharded_release_equals_per_key_release_with_late_data(noise):
         assert run(2, late) == per_key
 
 
+def test_streaming_sharded_mean_equals_per_key_mean(monkeypatch):
+    """TestStream: a shard's mean streams opened by one firing step together (the shard
+    holds no array form for them, so each keeps its own state between firings); the
+    records, ledger and dead letters are the per-key path's."""
+    from dp_beam.mechanisms.continual_mean import MeanLockstep
+
+    calls = []
+    monkeypatch.setattr(MeanLockstep, "step", lambda self, aggs, sources, step=MeanLockstep.step:
+                        calls.append(len(aggs)) or step(self, aggs, sources))
+    keys, steps = 5, 6
+
+    def event(key, seconds, value, user):
+        return beam.window.TimestampedValue((key, seconds, value, user), seconds)
+
+    def stream():
+        s = test_stream.TestStream()
+        s.advance_watermark_to(0)
+        s.add_elements([event(f"k{k}", 10.0 + k, float(k % 3), f"u{k}") for k in range(keys)])
+        s.advance_watermark_to(2 * HOUR + 1)
+        s.add_elements([event("k1", 2 * HOUR + 30.0, 2.0, "u9"),
+                        event("k2", 100.0, 1.0, "u2")])                           # late: step 0
+        s.advance_watermark_to(5 * HOUR + 1)
+        s.add_elements([event("k4", 5 * HOUR + 9.0, 3.0, "u4")])
+        s.advance_watermark_to_infinity()
+        return s
+
+    def run(shards):
+        def build(p):
+            res = (p | stream()
+                   | dpb.ContinualMean(user_fn=lambda e: e[3], value_fn=lambda e: e[2], lower=0.0,
+                                       upper=4.0, max_samples_per_user=4, epsilon=1.0, step=HOUR,
+                                       start=0, end=steps * HOUR, key_fn=lambda e: e[0],
+                                       keys=[f"k{k}" for k in range(keys)], max_users=10,
+                                       noise_key=KEY, shards=shards))
+            return {"releases": res.releases, "accounting": res.accounting, "invalid": res.invalid}
+
+        return _records(collect(streaming_options(), build))
+
+    per_key = run(0)
+    assert len(per_key[0]) == keys * steps and not calls
+    assert run(2) == per_key
+    # Each shard's first firing opened its streams and stepped them together.
+    assert sorted(calls) == [2, 3]            # the public hash splits the 5 keys 2 + 3
+
+
 def test_shards_validation_and_default():
     with pytest.raises(ValueError, match="shards"):
         dpb.ContinualCount(epsilon=1.0, step=HOUR, start=0, end=HOUR, shards=-1)
