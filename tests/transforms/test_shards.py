@@ -768,3 +768,19 @@ def test_the_scale_benchmark_spreads_many_events_and_sizes_the_erm_blocks(capsys
     assert "70 events per key and step, ERM blocks of 16" in out
     lines = [line for line in out.splitlines() if "input stage" in line]
     assert len(lines) == 1 and "sharded " in lines[0] and "erm-d10 " in lines[0]
+
+
+def test_the_lockstep_benchmark_checks_that_both_ways_release_the_same(capsys, monkeypatch):
+    """benchmarks/lockstep.py: one row per case, and a run whose streams stepped together
+    released other values than one by one is refused."""
+    module = _benchmark("lockstep")
+    module.main(["--streams", "3", "--steps", "5", "--repeats", "1"])
+    rows = [line.split("|") for line in capsys.readouterr().out.splitlines()[2:]]
+    assert [r[0].strip() for r in rows] == list(module.CASES)
+    assert all(float(r[1]) > 0 and float(r[2]) > 0 for r in rows)
+    together = module._together
+    # A planted difference: the last stream's last release replaced by its first.
+    monkeypatch.setattr(module, "_together", lambda make, inputs, kind:
+                        (lambda out: out[:-1] + out[:1])(together(make, inputs, kind)))
+    with pytest.raises(AssertionError, match="other values"):
+        module.run("mean", 3, 5, 1)
