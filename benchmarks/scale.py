@@ -62,6 +62,12 @@ its weights, the worst case per point). With ``input`` among the cases, a line g
 its share of the filled count's time and every case's time beyond it (the
 transform's own cost), and the ratios of those.
 
+``--gc`` adds a line with every case's seconds in Python's garbage collector (medians),
+and ``--gc-freeze`` moves the in-memory events (and whatever else exists by then: imported
+modules, the runner's set-up) out of the collector's reach (``gc.freeze()``) before the
+runs of a key count. A full collection walks every object the process holds, and the
+benchmark holds all its events at once, which a pipeline reading a real source does not.
+
 ``--workers N`` (N > 1) also runs the sharded count with the in-process
 runner's ``multi_processing`` mode on N worker processes and on one, checks
 that both release the same values (a fixed noise key), and prints the
@@ -75,12 +81,13 @@ the runner API, against the non-private pipeline's.
 
     python benchmarks/scale.py [--keys 10,100,1000] [--steps 72] [--repeats 3]
         [--cases per-key,sharded,sharded-blt,sum,user-count,mean,erm-d10,erm-d100,plain-erm-d10,plain-erm-d100,plain-mean,filled,input]
-        [--per-step 2] [--erm-block 8]
+        [--per-step 2] [--erm-block 8] [--gc] [--gc-freeze]
         [--workers 2] [--mean-users 100,1000,10000,100000 [--mean-keys 10]]
         [--rss-keys 100000] [--state-keys 100000] [--build-keys 100000]
 """
 
 import argparse
+import gc
 import json
 import os
 import pickle
@@ -290,6 +297,31 @@ def run_once(case, keys, steps, events, flags=(), sink=None, max_users=None, erm
     return time.perf_counter() - wall, time.process_time() - cpu
 
 
+class _GcClock:
+    """Seconds the garbage collector ran within a ``with`` block (``on`` False: not measured,
+    0), from its start and stop callbacks."""
+
+    def __init__(self, on):
+        self._on, self.seconds, self._start = on, 0.0, None
+
+    def _callback(self, phase, unused_info):
+        if phase == "start":
+            self._start = time.perf_counter()
+        elif self._start is not None:
+            self.seconds += time.perf_counter() - self._start
+            self._start = None
+
+    def __enter__(self):
+        if self._on:
+            gc.callbacks.append(self._callback)
+        return self
+
+    def __exit__(self, *unused_exc):
+        if self._on:
+            gc.callbacks.remove(self._callback)
+        return False
+
+
 def input_line(cases, seconds):
     """The common input stage's share of the filled count's wall time, and every case's time
     beyond it, with the ratios of those (filled's over the case's: the transform's own cost
@@ -421,6 +453,8 @@ def main(argv=None):
     parser.add_argument("--mean-keys", type=int, default=10)
     parser.add_argument("--per-step", type=int, default=2)
     parser.add_argument("--erm-block", type=int, default=ERM_BLOCK)
+    parser.add_argument("--gc", action="store_true")
+    parser.add_argument("--gc-freeze", action="store_true")
     args = parser.parse_args(argv)
     if args.per_step < 1 or args.erm_block < 1:
         parser.error("--per-step and --erm-block must be >= 1")
@@ -433,18 +467,28 @@ def main(argv=None):
         print("out/s in wall time (CPU time in brackets); medians of "
               f"{args.repeats} interleaved runs, {args.steps} steps, {args.per_step} events per "
               f"key and step" + (f", ERM blocks of {args.erm_block}"
-                                 if any(c.startswith(("erm-", "plain-erm-")) for c in cases) else ""))
+                                 if any(c.startswith(("erm-", "plain-erm-")) for c in cases) else "")
+              + (", the events frozen out of the garbage collector's reach" if args.gc_freeze
+                 else ""))
         print(f"{'keys':>6} | " + " | ".join(f"{c:>19}" for c in cases)
               + " | sharded/filled wall | cpu")
     for keys in key_counts:
         events = events_for(keys, args.steps, args.per_step)
+        if args.gc_freeze:
+            gc.collect()
+            gc.freeze()
         wall = {c: [] for c in cases}
         cpu = {c: [] for c in cases}
+        collecting = {c: [] for c in cases}
         for _ in range(args.repeats):
             for case in cases:      # interleaved: load drifts hit every case alike
-                w, c = run_once(case, keys, args.steps, events, erm_block=args.erm_block)
+                with _GcClock(args.gc) as clock:
+                    w, c = run_once(case, keys, args.steps, events, erm_block=args.erm_block)
                 wall[case].append(w)
                 cpu[case].append(c)
+                collecting[case].append(clock.seconds)
+        if args.gc_freeze:
+            gc.unfreeze()
         n = keys * args.steps
         rate = {c: n / statistics.median(wall[c]) for c in cases}
         crate = {c: n / statistics.median(cpu[c]) for c in cases}
@@ -455,6 +499,9 @@ def main(argv=None):
         print(f"{keys:>6} | / filled, wall (cpu): " + ", ".join(
             f"{c} {rate[c] / rate['filled']:.2f} ({crate[c] / crate['filled']:.2f})"
             for c in cases if c not in ("filled", "input") and not c.startswith("plain-")), flush=True)
+        if args.gc:
+            print(f"{keys:>6} | garbage collection, s: " + ", ".join(
+                f"{c} {statistics.median(collecting[c]):.2f}" for c in cases), flush=True)
         if "input" in cases:
             print(f"{keys:>6} | " + input_line(cases, {c: statistics.median(wall[c]) for c in cases}),
                   flush=True)

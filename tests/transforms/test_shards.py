@@ -784,3 +784,22 @@ def test_the_lockstep_benchmark_checks_that_both_ways_release_the_same(capsys, m
                         (lambda out: out[:-1] + out[:1])(together(make, inputs, kind)))
     with pytest.raises(AssertionError, match="other values"):
         module.run("mean", 3, 5, 1)
+
+
+def test_the_scale_benchmark_times_the_garbage_collector_and_freezes_the_events(capsys):
+    """benchmarks/scale.py --gc prints each case's seconds in the garbage collector, and
+    --gc-freeze keeps the events out of its reach during the runs only."""
+    import gc
+
+    module = _benchmark("scale")
+    frozen = gc.get_freeze_count()
+    with module._GcClock(True) as clock:
+        gc.collect()
+    assert clock.seconds > 0 and gc.callbacks.count(clock._callback) == 0
+    module.main(["--keys", "12", "--steps", "3", "--repeats", "1", "--cases", "sharded,filled",
+                 "--state-keys", "0", "--gc", "--gc-freeze"])
+    out = capsys.readouterr().out
+    assert "the events frozen out of the garbage collector's reach" in out
+    line = [row for row in out.splitlines() if "garbage collection, s:" in row]
+    assert len(line) == 1 and "sharded " in line[0] and "filled " in line[0]
+    assert gc.get_freeze_count() == frozen
