@@ -33,8 +33,9 @@ changes.
 ...         mine.append(core.step().estimate)
 ...     theirs = [out.estimate for out in lock.step([None] * 3, [source(j, t) for j in range(3)])]
 ...     assert mine == theirs
->>> [core.t for core in lock.cores]
-[4, 4, 4]
+>>> lock.write_back()
+>>> [core.to_state() == mine.to_state() for core, mine in zip(lock.cores, alone)]
+[True, True, True]
 """
 
 from typing import Any, List, Optional, Sequence
@@ -51,8 +52,9 @@ class MeanLockstep:
     """Continual-mean streams (:class:`~.core.ContinualMeanCore`, not a subclass) of one
     configuration and step count, stepped together (see the module docstring).
 
-    The cores are stepped in place: after :meth:`step` each holds the state its own
-    ``step`` would have given it, and its trees draw from the source given for it.
+    The cores are stepped in place, their trees' nodes kept in the counters' arrays
+    until :meth:`write_back`: after it each core holds the state its own ``step`` would
+    have given it, and its trees draw from the last source given for it.
     :meth:`eligible` says whether streams qualify: the same parameters, bounds, horizon
     and step count, and trees whose noise source can be swapped.
 
