@@ -139,14 +139,20 @@ def test_batch_shard_steps_its_streams_together(monkeypatch, options, together):
         assert not calls
 
 
-@pytest.mark.parametrize("preset", ["tuned", "paper"])
-def test_batch_sharded_mean_equals_per_key_mean(preset, monkeypatch):
-    # The paper preset keeps its medians' samples in a per-stream log.
+def _mean_lockstep_calls(monkeypatch):
+    """The number of streams of every ``MeanLockstep.step`` call from now on."""
     from dp_beam.mechanisms.continual_mean import MeanLockstep
 
     calls = []
     monkeypatch.setattr(MeanLockstep, "step", lambda self, aggs, sources, step=MeanLockstep.step:
                         calls.append(len(aggs)) or step(self, aggs, sources))
+    return calls
+
+
+@pytest.mark.parametrize("preset", ["tuned", "paper"])
+def test_batch_sharded_mean_equals_per_key_mean(preset, monkeypatch):
+    # The paper preset keeps its medians' samples in a per-stream log.
+    calls = _mean_lockstep_calls(monkeypatch)
     keys, steps = 6, 6
     events = [(f"k{k}", s * HOUR + 60.0 * j, float((k + j) % 7), f"u{j}") for k in range(keys)
               for s in range(steps) for j in range(3)]
@@ -327,11 +333,7 @@ def test_streaming_sharded_mean_equals_per_key_mean(monkeypatch):
     """TestStream: a shard's mean streams opened by one firing step together (the shard
     holds no array form for them, so each keeps its own state between firings); the
     records, ledger and dead letters are the per-key path's."""
-    from dp_beam.mechanisms.continual_mean import MeanLockstep
-
-    calls = []
-    monkeypatch.setattr(MeanLockstep, "step", lambda self, aggs, sources, step=MeanLockstep.step:
-                        calls.append(len(aggs)) or step(self, aggs, sources))
+    calls = _mean_lockstep_calls(monkeypatch)
     keys, steps = 5, 6
 
     def event(key, seconds, value, user):

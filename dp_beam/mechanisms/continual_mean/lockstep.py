@@ -77,7 +77,6 @@ class MeanLockstep:
         roles += [[c.tree_list[j] for c in cores] for j in range(len(first.tree_list))]
         self._roles = roles
         self._locks = [lockstep_of(trees) if len(trees) > 1 else None for trees in roles]
-        self._sources = None
 
     @staticmethod
     def eligible(cores: Sequence[Any]) -> bool:
@@ -119,26 +118,25 @@ class MeanLockstep:
         for core, source in zip(cores, sources):
             core.set_noise_source(source)
         # A stream's trees draw from its core's source (set_noise_source wraps it).
-        self._sources = [core.source for core in cores]
+        wrapped = [core.source for core in cores]
         counts = [core.step_begin(agg) for core, agg in zip(cores, aggs)]
-        role = 0
         if cores[0].count_tree is None:
-            noisy = counts
+            noisy, first = counts, 0
         else:
-            noisy = self._step_role(0, counts)
-            role = 1
+            noisy, first = self._step_role(0, counts, wrapped), 1
         inputs = [core.step_middle(agg, n) for core, agg, n in zip(cores, aggs, noisy)]
-        released = [self._step_role(role + j, [x[j] for x in inputs])
+        released = [self._step_role(first + j, [x[j] for x in inputs], wrapped)
                     for j in range(len(inputs[0]))]
         return [core.step_end(agg, list(rel))
                 for core, agg, rel in zip(cores, aggs, zip(*released))]
 
-    def _step_role(self, role, xs):
-        """Every stream's tree of ``role`` stepped with its input ``xs[j]``."""
+    def _step_role(self, role, xs, sources):
+        """Every stream's tree of ``role`` stepped with its input ``xs[j]``, drawing from
+        ``sources[j]``."""
         lock = self._locks[role]
         if lock is None:
             return [tree.step(x) for tree, x in zip(self._roles[role], xs)]
-        out = lock.step(xs, self._sources)
+        out = lock.step(xs, sources)
         # The next part of a core's step may read its tree's step count (activation margins).
         lock.write_counts()
         return out
