@@ -90,7 +90,8 @@ from dp_beam.mechanisms.noise import NoiseSource
 from dp_beam.mechanisms.noise_key import NoiseKey
 from dp_beam.records import LedgerEntry
 from dp_beam.records_erm import ModelRecord
-from dp_beam.transforms.erm_points import CollectPoints, PreparePoints, PreparePointTotals
+from dp_beam.transforms.erm_points import (CollectPoints, PackPoints, PointBatch, PreparePoints,
+                                           PreparePointTotals)
 from dp_beam.transforms.events import INVALID, TRANSIENT_ERRORS, check_transient_errors
 from dp_beam.transforms.release_spec import ReleaseSpec, key_label
 from dp_beam.transforms.steps import in_global_window, per_step
@@ -146,25 +147,32 @@ class ERMReleaseSpec(ReleaseSpec):
         pseudo-random function of the module docstring: identical points of
         the step are numbered by occurrence, so every point gets its own input.
         """
-        points = list(aggregate)
+        points, order = self._order(key, list(aggregate))
+        return [points[i] for i in order]
+
+    def _order(self, key, points):
+        """``(points, positions)``: the points with their tie-breakers drawn, and their
+        positions in release order (:meth:`ordered`)."""
         if points and any(p[1][1] is None for p in points):
             # The sort compares tie-breakers only within a group of equal (ts, id): a point
             # alone in its group keeps None (a keyed draw per point was most of the cost of
             # ordering a step without ties, the usual case).
             groups = collections.Counter((p[0], p[1][0]) for p in points)
-            seen = {}
-            keyed = []
-            for ts, (event_id, tiebreak), features, label in points:
-                if tiebreak is None and groups[ts, event_id] > 1:
-                    content = (ts, tuple(features), self._class_index.get(label, -1))
-                    occurrence = seen.get(content, 0)
-                    seen[content] = occurrence + 1
-                    tiebreak = self._noise_key.stream(
-                        "erm.tiebreak", self.transform, key_label(key), *content,
-                        occurrence).randbits(64)
-                keyed.append((ts, (event_id, tiebreak), features, label))
-            points = keyed
-        return sorted(points, key=_order_key)
+            if len(groups) < len(points):
+                seen = {}
+                keyed = []
+                for ts, (event_id, tiebreak), features, label in points:
+                    if tiebreak is None and groups[ts, event_id] > 1:
+                        content = (ts, tuple(features), self._class_index.get(label, -1))
+                        occurrence = seen.get(content, 0)
+                        seen[content] = occurrence + 1
+                        tiebreak = self._noise_key.stream(
+                            "erm.tiebreak", self.transform, key_label(key), *content,
+                            occurrence).randbits(64)
+                    keyed.append((ts, (event_id, tiebreak), features, label))
+                points = keyed
+        # Stable, as sorting the points themselves by their keys would be.
+        return points, sorted(range(len(points)), key=lambda i: _order_key(points[i]))
 
     def zero(self):
         return []
@@ -192,13 +200,16 @@ class ERMReleaseSpec(ReleaseSpec):
 
     def release(self, mechanism, key, step, aggregate):
         bs = mechanism.block_size
-        points = self.ordered(key, aggregate)
-        if len(points) >= _ARRAY_POINTS:
-            releases = mechanism.extend(np.array([p[2] for p in points], dtype=np.float64),
-                                        [p[3] for p in points])
+        points, order = self._order(key, list(aggregate))
+        labels = [points[i][3] for i in order]
+        if len(points) < _ARRAY_POINTS:
+            releases = [rel for i in order for rel in mechanism.push(points[i][2], points[i][3])]
+        elif type(aggregate) is PointBatch:
+            # Its rows are the points' features as float64, taken without a float object each.
+            releases = mechanism.extend(aggregate.matrix()[order], labels)
         else:
-            releases = [rel for _, _, features, label in points
-                        for rel in mechanism.push(features, label)]
+            releases = mechanism.extend(
+                np.array([points[i][2] for i in order], dtype=np.float64), labels)
         for rel in releases:
             # The stream's loss has the release's shape: one unpack, not one per field.
             weights, intercept = mechanism.loss.unpack(rel.params)
@@ -298,7 +309,7 @@ class _ERMTransform(beam.PTransform):
                 *args, step_micros=self._step_micros, shards=release_shards(self, events),
                 **options), **side).with_outputs(INVALID, main="valid")
             return release_streams(self, events, prepared.valid, spec, entry,
-                                   [prepared[INVALID]], combine_fn=CollectPoints())
+                                   [prepared[INVALID]], combine_fn=PackPoints())
         prepared = events | "Validate" >> beam.ParDo(PreparePoints(*args, **options),
                                                      **side).with_outputs(INVALID, main="valid")
         aggregates = per_step(prepared.valid, CollectPoints(), self._step, self._step_micros,

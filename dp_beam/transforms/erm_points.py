@@ -7,11 +7,14 @@ points of one step of one stream are collected into a list
 a point's content, is the business of :mod:`dp_beam.transforms.erm`.
 """
 
+import functools
 import hashlib
 import math
-from typing import Any, List, Tuple
+import struct
+from typing import Any, Iterator, List, Optional, Sequence, Tuple
 
 import apache_beam as beam
+import numpy as np
 from apache_beam.metrics import Metrics
 
 from dp_beam.transforms.event_ids import id_key
@@ -19,8 +22,8 @@ from dp_beam.transforms.events import NAMESPACE, TRANSIENT_ERRORS, ValidatingDoF
 from dp_beam.transforms.steps import BundleTotals
 from dp_beam.transforms.stream_keys import KV, StreamKey
 
-__all__ = ["CollectPoints", "MAX_BUNDLE_POINTS", "PreparePointTotals", "PreparePoints",
-           "reproducible_tiebreak"]
+__all__ = ["CollectPoints", "MAX_BUNDLE_POINTS", "PACK_MIN_VALUES", "PackPoints", "PointBatch",
+           "PreparePointTotals", "PreparePoints", "reproducible_tiebreak"]
 
 
 def reproducible_tiebreak(seed, ts, features, class_index):
@@ -138,6 +141,177 @@ class CollectPoints(beam.CombineFn):
         return acc
 
 
+#: The order key of a point without ``id_fn`` in production: no id, tie-breaker drawn later.
+_PLAIN_ORDER = ((), None)
+
+
+class PointBatch:
+    """The points of one step of one stream as flat buffers, in the order they were added.
+
+    A point is ``(ts, (id, tiebreak), features, label)`` with ``features`` a
+    tuple of d floats (:class:`PreparePoints`); a batch keeps the event times
+    and the features as little-endian float64 buffers and the order keys and labels as
+    lists (``None`` for the order keys while every one is ``((), None)``, the
+    production form without ``id_fn``). Iterating gives the points back,
+    the same values in the same order (float64 holds a Python float exactly).
+
+    Between a bundle and the release it travels as its :meth:`wire` form, two
+    byte strings and two lists, which Beam's default coder copies as they are:
+    a list of points costs a coded float per feature instead (measured with
+    ``FastPrimitivesCoder``, 64 points of d = 100: 261 µs to encode and 425 µs
+    to decode as a list, 7 and 4 µs as the wire form; packing the points costs
+    184 µs and reading them back 207 µs, once each).
+
+    >>> batch = PointBatch()
+    >>> batch.add((60.0, ((), None), (0.5, -0.25), "yes"))
+    >>> batch.extend(PointBatch.from_wire(batch.wire()))
+    >>> list(batch) == [(60.0, ((), None), (0.5, -0.25), "yes")] * 2
+    True
+    """
+
+    __slots__ = ("_times", "_orders", "_features", "_labels", "_row")
+
+    def __init__(self) -> None:
+        self._times = bytearray()
+        self._orders: Optional[List[Any]] = None
+        self._features = bytearray()
+        self._labels: List[Any] = []
+        self._row: Optional[struct.Struct] = None   # a row's layout, once d is known
+
+    def add(self, point: Tuple[float, Any, Sequence[float], Any]) -> None:
+        """Appends one point."""
+        ts, order, features, label = point
+        if self._orders is not None:
+            self._orders.append(order)
+        elif order != _PLAIN_ORDER:
+            self._orders = [_PLAIN_ORDER] * len(self._labels) + [order]
+        self._times += _TIME.pack(ts)
+        # Packing a row at once costs a few ns a value; extending an array.array, ≈ 60.
+        self._features += self._layout(len(features)).pack(*features)
+        self._labels.append(label)
+
+    def _layout(self, d: int) -> struct.Struct:
+        row = self._row
+        if row is None or row.size != 8 * d:
+            row = self._row = _row_layout(d)
+        return row
+
+    def extend(self, other: "PointBatch") -> None:
+        """Appends the points of ``other`` (left as it is), in their order."""
+        if self._orders is not None or other._orders is not None:
+            self._orders = self.orders() + other.orders()
+        self._times += other._times
+        self._features += other._features
+        self._labels.extend(other._labels)
+
+    def wire(self) -> Tuple[bytes, Optional[List[Any]], bytes, List[Any]]:
+        """``(times, order keys or None, features, labels)``, the buffers as bytes."""
+        return bytes(self._times), self._orders, bytes(self._features), self._labels
+
+    @classmethod
+    def from_wire(cls, wire: Tuple[bytes, Optional[List[Any]], bytes, List[Any]]) -> "PointBatch":
+        """The batch of a :meth:`wire` form."""
+        times, orders, features, labels = wire
+        batch = cls()
+        batch._times += times
+        batch._orders = None if orders is None else list(orders)
+        batch._features += features
+        batch._labels = list(labels)
+        return batch
+
+    def __len__(self) -> int:
+        return len(self._labels)
+
+    def times(self) -> List[float]:
+        """The event times, in order."""
+        return [ts for ts, in _TIME.iter_unpack(self._times)]
+
+    def orders(self) -> List[Any]:
+        """The ``(id, tiebreak)`` order keys, in order."""
+        return list(self._orders) if self._orders is not None else [_PLAIN_ORDER] * len(self)
+
+    def matrix(self) -> np.ndarray:
+        """The features as an ``(n, d)`` float64 array (a read-only copy-free view)."""
+        n = len(self)
+        if not n:
+            return np.zeros((0, 0))
+        return np.frombuffer(bytes(self._features), dtype="<f8").reshape(n, -1)
+
+    def labels(self) -> List[Any]:
+        """The labels, in order."""
+        return self._labels
+
+    def __iter__(self) -> Iterator[Tuple[float, Any, Tuple[float, ...], Any]]:
+        n = len(self)
+        rows = _row_layout(len(self._features) // (8 * n)).iter_unpack(self._features) if n else ()
+        return zip(self.times(), self.orders(), rows, self._labels)
+
+
+@functools.lru_cache(maxsize=64)
+def _row_layout(d: int) -> struct.Struct:
+    """A row of d float64s, little-endian (the wire form's byte order on every worker)."""
+    return struct.Struct(f"<{d}d")
+
+
+_TIME = _row_layout(1)
+
+
+#: A step's points leave a bundle as a :class:`PointBatch` from this many feature values on
+#: (points × d); below it a list costs less. Gathering, one encoding and decoding, and reading
+#: the points back, measured with ``FastPrimitivesCoder``: 16 points of d = 8 (128 values)
+#: 33 µs as a list and 29 µs packed; 2 points of d = 10, 6 µs and 16 µs.
+PACK_MIN_VALUES = 128
+
+
+class PackPoints(CollectPoints):
+    """:class:`CollectPoints` whose wide accumulators leave a bundle packed: ``compact`` sends
+    a list of at least :data:`PACK_MIN_VALUES` feature values in the wire form of a
+    :class:`PointBatch` (used by :class:`PreparePointTotals`, whose release merges them).
+
+    ``merge_accumulators`` and ``extract_output`` take every form (a list, a batch, a wire
+    form) and leave their inputs as they are; lists alone merge into a list, anything else
+    into a batch, in the order of the inputs (the release's order of a step's points never
+    depends on it: :meth:`~dp_beam.transforms.erm.ERMReleaseSpec.ordered`).
+
+    >>> fn = PackPoints()
+    >>> a = fn.add_input(fn.create_accumulator(), (1.0, ((), None), (0.5,) * 128, 1))
+    >>> wire = fn.compact(a)
+    >>> type(wire).__name__, type(fn.extract_output(fn.merge_accumulators([wire, a]))).__name__
+    ('tuple', 'PointBatch')
+    >>> list(fn.extract_output(wire)) == a
+    True
+    """
+
+    def merge_accumulators(self, accs):
+        accs = list(accs)
+        if all(type(acc) is list for acc in accs):
+            return super().merge_accumulators(accs)
+        out = PointBatch()
+        for acc in accs:
+            out.extend(_batch(acc))
+        return out
+
+    def compact(self, acc):
+        if type(acc) is list and acc and len(acc) * len(acc[0][2]) >= PACK_MIN_VALUES:
+            return _batch(acc).wire()
+        return acc
+
+    def extract_output(self, acc):
+        return acc if type(acc) is list else _batch(acc)
+
+
+def _batch(acc):
+    """The :class:`PointBatch` of a :class:`PackPoints` accumulator in any form."""
+    if type(acc) is PointBatch:
+        return acc
+    if type(acc) is list:
+        batch = PointBatch()
+        for point in acc:
+            batch.add(point)
+        return batch
+    return PointBatch.from_wire(acc)
+
+
 #: Points a bundle of :class:`PreparePointTotals` holds before it sends them on (its memory).
 MAX_BUNDLE_POINTS = 1 << 16
 
@@ -145,10 +319,10 @@ MAX_BUNDLE_POINTS = 1 << 16
 @beam.typehints.with_output_types(Tuple[int, List[Tuple[StreamKey, int, Any]]])
 class PreparePointTotals(BundleTotals, PreparePoints):
     """:class:`PreparePoints` for the sharded release of bounded input: the same checks, dead
-    letters and points, gathered per (key, step) over the bundle into lists
-    (:class:`CollectPoints`) and sent on grouped by shard (:class:`~dp_beam.transforms.steps.
+    letters and points, gathered per (key, step) over the bundle into lists, packed when
+    wide (:class:`PackPoints`), and sent on grouped by shard (:class:`~dp_beam.transforms.steps.
     StepTotals`), at most :data:`MAX_BUNDLE_POINTS` points at a time, for the release to
-    merge (``release_streams(..., combine_fn=CollectPoints())``).
+    merge (``release_streams(..., combine_fn=PackPoints())``).
 
     An element per point cost a window assignment, a step-keying DoFn and a combine's
     grouping before the shard's. The release sorts a step's points by a key that never
@@ -160,7 +334,7 @@ class PreparePointTotals(BundleTotals, PreparePoints):
 
     def __init__(self, *args: Any, step_micros: int, shards: int, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self._init_totals(CollectPoints(), step_micros, shards, MAX_BUNDLE_POINTS)
+        self._init_totals(PackPoints(), step_micros, shards, MAX_BUNDLE_POINTS)
 
     def process(self, element, timestamp=beam.DoFn.TimestampParam, declared=None):
         out = self._point(element, timestamp, declared)

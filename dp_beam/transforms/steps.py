@@ -141,7 +141,10 @@ class StepTotals:
     exact sums of the continual totals; the ERM's lists of points, which the
     release sorts by a key that never depends on their order).
     ``max_inputs``: also emit once the table holds that many inputs (for
-    accumulators that grow with their inputs, such as lists of points).
+    accumulators that grow with their inputs, such as lists of points). A
+    combine that overrides ``compact`` has it applied to each accumulator as it
+    leaves, as Beam does before a lifted combine's grouping (the ERM's
+    :class:`~dp_beam.transforms.erm_points.PackPoints` sends its buffers so).
 
     >>> totals = StepTotals(beam.combiners.CountCombineFn(), step_micros=10, shards=1)
     >>> totals.add("k", 3, 1.0), totals.add("k", 7, 1.0), totals.add("k", 12, 1.0)
@@ -158,6 +161,9 @@ class StepTotals:
         self._accumulators = {}
         self._max_inputs = max_inputs
         self._inputs = 0
+        # Beam's default compact returns its argument: a call per entry for nothing.
+        overridden = type(combine_fn).compact is not beam.CombineFn.compact
+        self._compact = combine_fn.compact if overridden else None
 
     def add(self, key: Any, micros: int, value: Any) -> Sequence[WindowedValue]:
         """Adds an event at ``micros``; returns what to emit now (nothing, or the whole table
@@ -181,7 +187,7 @@ class StepTotals:
         empty again."""
         accumulators, self._accumulators = self._accumulators, {}
         self._inputs = 0
-        return by_shard(accumulators.items(), self._shards, self._step_micros)
+        return by_shard(accumulators.items(), self._shards, self._step_micros, self._compact)
 
 
 def shard_count(shards: Any) -> int:

@@ -30,7 +30,7 @@ from scipy import stats
 
 import dp_beam as dpb
 import dp_beam.transforms.erm as transforms_erm
-from dp_beam.transforms.erm_points import PreparePoints, reproducible_tiebreak
+from dp_beam.transforms.erm_points import PointBatch, PreparePoints, reproducible_tiebreak
 from dp_beam.mechanisms import SeededNoise, ZeroNoise
 from dp_beam.mechanisms import erm as mech
 from dp_beam.mechanisms.erm import l2_laplace_noise
@@ -89,10 +89,18 @@ def _draws(seed, n):
     return draws
 
 
-def _points(contents, tiebreaks):
-    """Prepared points ``(ts, (id, tiebreak), features, label)``, handed over in scrambled order."""
+def _points(contents, tiebreaks, form="list"):
+    """Prepared points ``(ts, (id, tiebreak), features, label)``, handed over in scrambled order,
+    as a list (the per-key path) or as the sharded batch release gets them (``"batch"``: a
+    :class:`~dp_beam.transforms.erm_points.PointBatch` that crossed a grouping)."""
     pts = [(TS, ((), int(t)), f, y) for (f, y), t in zip(contents, tiebreaks)]
-    return [pts[i] for i in np.random.default_rng(99).permutation(len(pts))]
+    pts = [pts[i] for i in np.random.default_rng(99).permutation(len(pts))]
+    if form == "list":
+        return pts
+    batch = PointBatch()
+    for point in pts:
+        batch.add(point)
+    return PointBatch.from_wire(batch.wire())
 
 
 def _vector(record):
@@ -160,21 +168,24 @@ def _rank(tiebreaks, index):
     return int(np.argsort(np.argsort(tiebreaks))[index])
 
 
+@pytest.mark.parametrize("form", ["list", "batch"])
 @pytest.mark.parametrize("replaced", [5, 250])
-def test_the_stream_sees_replace_one_neighbours_at_the_tiebreakers_position(replaced, monkeypatch):
+def test_the_stream_sees_replace_one_neighbours_at_the_tiebreakers_position(replaced, form,
+                                                                             monkeypatch):
     # 120 blocks of 4 tied points. Production order, given the tie-breakers (the
     # replacement keeps its event, hence its draw: the coupling of the argument in
     # dp_beam.transforms.erm): the two pushed sequences differ in exactly one
-    # position, the rank of the replaced event's draw.
+    # position, the rank of the replaced event's draw. The same for the points as the
+    # sharded batch release receives them.
     n = 120 * B
     tiebreaks = _draws(3, n)
-    first = _pushed(_points(_tie_group(n), tiebreaks))
-    second = _pushed(_points(_tie_group(n, replaced), tiebreaks))
+    first = _pushed(_points(_tie_group(n), tiebreaks, form))
+    second = _pushed(_points(_tie_group(n, replaced), tiebreaks, form))
     differ = [i for i in range(n) if first[i] != second[i]]
     assert differ == [_rank(tiebreaks, replaced)]
     # Planted bug: in content order every later point moves up by one.
-    first = _pushed(_points(_tie_group(n), tiebreaks), _content_order, monkeypatch)
-    second = _pushed(_points(_tie_group(n, replaced), tiebreaks), _content_order, monkeypatch)
+    first = _pushed(_points(_tie_group(n), tiebreaks, form), _content_order, monkeypatch)
+    second = _pushed(_points(_tie_group(n, replaced), tiebreaks, form), _content_order, monkeypatch)
     differ = [i for i in range(n) if first[i] != second[i]]
     assert differ == list(range(replaced, n))
 

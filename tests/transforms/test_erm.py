@@ -624,3 +624,49 @@ def test_reseed_in_place_releases_what_the_state_round_trip_releases(cls, args):
         records[how] = out
     assert len(records["in place"]) >= 8
     assert records["in place"] == records["round trip"]
+
+
+@pytest.mark.parametrize("cls,args", [
+    (mech.ContinualERMMechanism, dict(block_size=3, base_size=6)),
+    (mech.SlidingWindowERMMechanism, dict(block_size=2, window=14)),
+])
+def test_a_steps_points_as_a_batch_release_what_the_list_of_them_releases(cls, args, monkeypatch):
+    """The sharded batch release receives a step's points as a PointBatch (PackPoints, after
+    its wire form crossed the grouping); the per-key path as a list. Both reach the stream in
+    the same order with the same values: ties in event time, identical points (production
+    tie-breakers from the noise key), ids, steps below and above the array threshold."""
+    from dp_beam.mechanisms.noise_key import KeyedNoise
+    from dp_beam.transforms import erm_points
+    monkeypatch.setattr(erm_points, "PACK_MIN_VALUES", 1)      # every list leaves packed
+    spec, fn = _spec(cls, args), erm_points.PackPoints()
+    rnd = random.Random(4)
+    steps = []
+    for size in (1, 3, 9, 2, 12, 0, 8, 5, 17):
+        points = [(float(rnd.choice((10, 10, 20))), ((rnd.choice((0, 1)), 1) if rnd.random() < .2 else (),
+                                                      None),
+                   (rnd.choice((0.25, -0.5, 0.125)), rnd.uniform(-1, 1)), rnd.choice("ab"))
+                  for _ in range(size)]
+        points += points[:size // 4]                        # identical points
+        steps.append(points)
+    records, states = {}, {}
+    for form in ("list", "batch"):
+        source = KeyedNoise(KEY, ("erm", "k"))
+        mechanism = spec.new_mechanism(source.for_identity(0, "step"))
+        out = []
+        for step, points in enumerate(steps):
+            aggregate = points
+            if form == "batch":
+                acc = fn.create_accumulator()
+                for point in points[:3]:
+                    acc = fn.add_input(acc, point)
+                rest = fn.create_accumulator()
+                for point in points[3:]:
+                    rest = fn.add_input(rest, point)
+                aggregate = fn.extract_output(fn.merge_accumulators([fn.compact(rest), acc]))
+                assert len(points) <= 3 or type(aggregate) is erm_points.PointBatch
+            mechanism = spec.reseed(mechanism, source.for_identity(step, "step"))
+            out += list(spec.release(mechanism, "k", step, aggregate))
+        records[form], states[form] = out, mechanism.to_state()
+    assert len(records["list"]) >= 10
+    assert repr(records["batch"]) == repr(records["list"])
+    assert repr(states["batch"]) == repr(states["list"])

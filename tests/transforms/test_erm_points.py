@@ -4,9 +4,10 @@ clipping, ids and tie-breakers of single events, and the per-step collection of 
 import math
 
 import pytest
-from apache_beam import pvalue
+from apache_beam import coders, pvalue
 
-from dp_beam.transforms.erm_points import CollectPoints, PreparePoints, reproducible_tiebreak
+from dp_beam.transforms.erm_points import (CollectPoints, PackPoints, PointBatch, PreparePoints,
+                                           reproducible_tiebreak)
 from dp_beam.transforms.events import INVALID
 
 TS = 12.0
@@ -106,3 +107,81 @@ def test_point_totals_gather_a_bundles_points_per_key_and_step_by_shard(monkeypa
     assert list(dofn.process({**point, "ts": 4.0, "k": "a"}, timestamp=None)) == []
     (last,) = list(dofn.finish_bundle())
     assert last.value == (shard_of("a", 2), [("a", 0, [(4.0, ((), None), (0.1, 0.2), "no")])])
+    # Wide steps leave packed: here from 4 feature values, two points of d = 2.
+    monkeypatch.setattr(erm_points, "PACK_MIN_VALUES", 4)
+    monkeypatch.setattr(erm_points, "MAX_BUNDLE_POINTS", 100)
+    dofn = erm_points.PreparePointTotals(
+        "erm", lambda e: e["x"], lambda e: e["y"], 2, ("no", "yes"), 1.0,
+        key_fn=lambda e: e["k"], timestamp_fn=lambda e: e["ts"], step_micros=10_000_000, shards=2)
+    dofn.start_bundle()
+    for ts in (1.0, 2.0, 15.0):
+        assert list(dofn.process({**point, "ts": ts, "k": "a"}, timestamp=None)) == []
+    (wv,) = list(dofn.finish_bundle())
+    shard, entries = wv.value
+    assert shard == shard_of("a", 2) and [type(e[2]) for e in entries] == [tuple, list]
+    assert [(key, step, list(erm_points.PackPoints().extract_output(acc)))
+            for key, step, acc in entries] == [
+        ("a", 0, [(1.0, ((), None), (0.1, 0.2), "no"), (2.0, ((), None), (0.1, 0.2), "no")]),
+        ("a", 1, [(15.0, ((), None), (0.1, 0.2), "no")])]
+
+
+# Points as PreparePoints makes them: plain (twice), with an id, with a test-mode tie-breaker
+# (64 bits, as drawn).
+POINTS = [(1.0, ((), None), (0.1, -0.2, 0.0), "no"),
+          (1.0, ((), None), (0.1, -0.2, 0.0), "no"),
+          (2.5, ((0, 7), None), (1e-300, 0.5, -0.0), "yes"),
+          (3.0, ((), 2**63 + 5), (0.3, 0.4, 0.5), "yes")]
+
+
+def _batch(points):
+    batch = PointBatch()
+    for point in points:
+        batch.add(point)
+    return batch
+
+
+def test_a_point_batch_gives_its_points_back_exactly_in_every_form():
+    for points in (POINTS, POINTS[:2], POINTS[2:], []):
+        batch = _batch(points)
+        assert len(batch) == len(points) and list(batch) == points
+        # The wire form is what crosses a grouping: Beam's default coder keeps it exactly.
+        wire = coders.FastPrimitivesCoder().decode(coders.FastPrimitivesCoder().encode(batch.wire()))
+        again = list(PointBatch.from_wire(wire))
+        assert again == points
+        # Bits too: the sign of zero and a subnormal-scale value survive.
+        assert [math.copysign(1.0, p[2][2]) for p in again] == [math.copysign(1.0, p[2][2])
+                                                              for p in points]
+        assert all(type(v) is float for p in again for v in p[2])
+    assert _batch(POINTS).matrix().shape == (4, 3) and _batch([]).matrix().shape == (0, 0)
+    # Without ids or test-mode tie-breakers the order keys travel as None.
+    assert _batch(POINTS[:2]).wire()[1] is None and _batch(POINTS).wire()[1] is not None
+
+
+def test_extending_a_batch_appends_in_order_and_leaves_the_other_as_it_was():
+    plain, marked = _batch(POINTS[:2]), _batch(POINTS[2:])
+    out = _batch(POINTS[:1])
+    out.extend(marked)
+    out.extend(plain)
+    assert list(out) == POINTS[:1] + POINTS[2:] + POINTS[:2]
+    assert list(plain) == POINTS[:2] and list(marked) == POINTS[2:]
+
+
+def test_pack_points_packs_wide_lists_and_merges_every_form_in_order_leaving_its_inputs(
+        monkeypatch):
+    from dp_beam.transforms import erm_points
+    monkeypatch.setattr(erm_points, "PACK_MIN_VALUES", 9)     # 3 points of d = 3 and more
+    fn = PackPoints()
+    a = fn.create_accumulator()
+    for point in POINTS[:3]:
+        a = fn.add_input(a, point)
+    b = fn.add_input(fn.create_accumulator(), POINTS[3])
+    wire = fn.compact(a)
+    assert type(wire) is tuple and fn.compact(b) is b and fn.compact([]) == []
+    assert fn.compact(wire) is wire
+    merged = fn.merge_accumulators([b, wire, fn.create_accumulator(), a])
+    assert type(merged) is PointBatch
+    assert list(fn.extract_output(merged)) == POINTS[3:] + POINTS[:3] + POINTS[:3]
+    assert list(fn.extract_output(wire)) == POINTS[:3] == a and b == POINTS[3:]
+    # Lists alone stay a list, as CollectPoints merges them.
+    assert fn.merge_accumulators([a, b]) == POINTS and fn.merge_accumulators([]) == []
+    assert fn.extract_output(b) is b

@@ -185,8 +185,13 @@ def test_batch_sharded_mean_equals_per_key_mean(preset, monkeypatch):
                                         (dpb.SlidingWindowERM, {"window": 12}),
                                         (dpb.MultiResolutionERM, {"max_scale": 4})],
                          ids=["continual", "sliding", "multi-resolution"])
-def test_batch_sharded_erm_equals_per_key_erm(cls, extra):
+@pytest.mark.parametrize("packed", [False, True], ids=["lists", "packed"])
+def test_batch_sharded_erm_equals_per_key_erm(cls, extra, packed, monkeypatch):
     # ERM streams keep their blocks in a per-stream log; sharded, it lives in memory.
+    # "packed": every step's points leave their bundle as a PointBatch (wide points do).
+    from dp_beam.transforms import erm_points
+    if packed:
+        monkeypatch.setattr(erm_points, "PACK_MIN_VALUES", 1)
     keys, steps = 7, 10
     events = _events(keys, steps)
 
@@ -261,12 +266,16 @@ def test_batch_sharded_erm_with_keys_from_a_pcollection_equals_per_key_erm():
     assert run(2) == per_key
 
 
-def test_batch_sharded_erm_merges_a_steps_points_from_many_partial_lists(monkeypatch):
+@pytest.mark.parametrize("pack_from", [None, 1, 4], ids=["lists", "packed", "mixed"])
+def test_batch_sharded_erm_merges_a_steps_points_from_many_partial_lists(pack_from, monkeypatch):
     """Bounded input: each bundle sends a step's points on in lists (at most MAX_BUNDLE_POINTS
     at a time, here 2), which the release merges. Ties in event time, identical points among
-    them, must still reach the stream in the per-key path's order (production tie-breakers)."""
+    them, must still reach the stream in the per-key path's order (production tie-breakers).
+    ``pack_from``: PACK_MIN_VALUES, the partials packed (all, or those of two points)."""
     from dp_beam.transforms import erm_points
     monkeypatch.setattr(erm_points, "MAX_BUNDLE_POINTS", 2)
+    if pack_from is not None:
+        monkeypatch.setattr(erm_points, "PACK_MIN_VALUES", pack_from)
     keys, steps = 3, 8
     # Per key and step: two identical points and a third, all at the same time, and one later.
     events = [(f"k{k}", s * HOUR + 60.0, float(v)) for k in range(keys) for s in range(steps)

@@ -41,6 +41,26 @@ def test_step_totals_merge_a_bundle_per_key_and_step_and_flush_when_full(monkeyp
     assert totals.flush() == []
 
 
+class _Compacting(beam.combiners.CountCombineFn):
+    """A count whose accumulators cross a grouping as strings."""
+
+    def compact(self, acc):
+        return f"compact {acc}"
+
+
+def test_step_totals_compact_an_accumulator_as_it_leaves_only_when_the_combine_says_how():
+    totals = StepTotals(_Compacting(), MICROS, shards=1)
+    totals.add("a", 1, "x"), totals.add("a", 2, "y")
+    (wv,) = totals.flush()
+    assert wv.value == (0, [("a", 0, "compact 2")])
+    # Beam's default compact (the accumulator itself) is not even called.
+    calls = []
+    totals = StepTotals(beam.combiners.CountCombineFn(), MICROS, shards=1)
+    totals._fn.compact = lambda acc: calls.append(acc) or acc
+    totals.add("a", 1, "x")
+    assert totals.flush()[0].value == (0, [("a", 0, 1)]) and calls == []
+
+
 def test_step_totals_leave_grouped_by_the_shard_of_their_key():
     """One element per shard of the bundle: every (key, step) total goes to its key's shard
     (shard_of), stamped at the earliest step end of that shard's totals."""
