@@ -75,6 +75,8 @@ UNBOUNDED_LATENESS = Duration(seconds=MAX_TIMESTAMP.seconds())
 # are sentinels (an element created without a timestamp sits at MIN_TIMESTAMP).
 _MIN_SECONDS = MIN_TIMESTAMP.micros / 1e6
 _MAX_SECONDS = MAX_TIMESTAMP.micros / 1e6
+#: The set of types of a features list that holds plain floats only.
+_FLOAT_ONLY = {float}
 
 #: Event times from here on (year 5138) are what epoch milliseconds (or finer
 #: units) of any date after 1973 look like as seconds. Without a declared
@@ -299,8 +301,9 @@ class ValidatingDoFn(beam.DoFn):
         # Plain finite floats are what as_real would return as they are: checked in two
         # passes instead of a call per value (≈ 0.7 µs each, most of a wide point's
         # validation). 0·Σ is 0 exactly when every value and the sum are finite; a sum
-        # that overflows takes the checks per value, which accept it.
-        if all(type(v) is float for v in values) and 0.0 * sum(values) == 0.0:
+        # that overflows takes the checks per value, which accept it. The types are
+        # collected in C (d = 100: 2.6 µs, against 5.5 µs for a generator's test per value).
+        if set(map(type, values)) == _FLOAT_ONLY and 0.0 * sum(values) == 0.0:
             return values, None
         features = []
         for v in values:
