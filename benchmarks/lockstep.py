@@ -14,7 +14,14 @@ values, bit for bit (checked at every run). Cases:
   (``MeanLockstep``) with ``benchmarks/scale.py``'s mean configuration: two users
   per stream, two samples a step, ``max_samples_per_user`` the steps.
 
+``--draws`` adds, per case, what the noise costs of the streams stepped together: the
+values drawn and the µs spent in ``KeyedNoise``'s draws per stream and step, and that
+time's share of the together run, from one more run with a timer around each draw (its
+own overhead, about 0.2 µs a call, included). Each stream draws exactly from its own
+keyed stream (docs/design.md D1.4), so this part does not shrink with stepping together.
+
     python benchmarks/lockstep.py [--streams 64] [--steps 72] [--repeats 5] [--cases tree,blt,mean]
+        [--draws]
 """
 
 import argparse
@@ -114,12 +121,48 @@ def run(kind, streams, steps, repeats):
     return statistics.median(times["alone"]) / n, statistics.median(times["together"]) / n
 
 
+#: KeyedNoise's draws: each takes one new stream and returns what it drew.
+_DRAWS = ("float_noise", "integer_noise", "direction", "exponential_choice")
+
+
+def draw_cost(kind, streams, steps):
+    """``(values drawn, seconds in the draws, seconds in all)`` per stream and step, the
+    streams stepped together, with a timer around each of KeyedNoise's draws."""
+    make, inputs = _mean_case(streams, steps) if kind == "mean" else \
+        _counter_case(kind, streams, steps)
+    spent = {"seconds": 0.0, "values": 0}
+    originals = {name: getattr(KeyedNoise, name) for name in _DRAWS}
+
+    def timed(draw):
+        def wrapper(self, *args, **kwargs):
+            start = time.perf_counter()
+            out = draw(self, *args, **kwargs)
+            spent["seconds"] += time.perf_counter() - start
+            spent["values"] += len(out) if hasattr(out, "__len__") else 1
+            return out
+        return wrapper
+
+    for name, draw in originals.items():
+        setattr(KeyedNoise, name, timed(draw))
+    try:
+        start = time.perf_counter()
+        _together(make, inputs, kind)
+        total = time.perf_counter() - start
+    finally:
+        for name, draw in originals.items():
+            setattr(KeyedNoise, name, draw)
+    n = streams * steps
+    return spent["values"] / n, spent["seconds"] / n, total / n
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--streams", type=int, default=64)
     parser.add_argument("--steps", type=int, default=72)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--cases", default=",".join(CASES))
+    parser.add_argument("--draws", action="store_true",
+                        help="also the values drawn and the time in the draws, together")
     args = parser.parse_args(argv)
     cases = [c for c in args.cases.split(",") if c]
     unknown = [c for c in cases if c not in CASES]
@@ -133,6 +176,13 @@ def main(argv=None):
     for kind in cases:
         alone, together = run(kind, args.streams, args.steps, args.repeats)
         print(f"{kind:>6} | {alone * 1e6:10.1f} | {together * 1e6:8.1f} | {alone / together:7.2f}x")
+    if args.draws:
+        print("noise draws of the streams stepped together, per stream and step (one timed run)")
+        print("  case | values | µs in draws | µs in all | share")
+        for kind in cases:
+            values, seconds, total = draw_cost(kind, args.streams, args.steps)
+            print(f"{kind:>6} | {values:6.2f} | {seconds * 1e6:11.1f} | {total * 1e6:9.1f} | "
+                  f"{seconds / total:5.2f}")
 
 
 if __name__ == "__main__":

@@ -797,6 +797,35 @@ def test_the_lockstep_benchmark_checks_that_both_ways_release_the_same(capsys, m
         module.run("mean", 3, 5, 1)
 
 
+def test_the_lockstep_benchmark_counts_the_values_drawn_and_restores_the_draws(capsys):
+    """benchmarks/lockstep.py --draws: the values its timed run counts are the draws the same
+    tree streams make stepped alone (a node a draw, counted by their own sources), and the
+    draw methods are KeyedNoise's own again afterwards."""
+    from dp_beam.mechanisms import BinaryTreeMechanism
+    from dp_beam.mechanisms.noise_key import KeyedNoise
+    module = _benchmark("lockstep")
+    originals = {name: getattr(KeyedNoise, name) for name in module._DRAWS}
+    values, seconds, total = module.draw_cost("tree", 3, 5)
+    assert {name: getattr(KeyedNoise, name) for name in module._DRAWS} == originals
+    # The same streams stepped alone, their draws counted by the sources themselves.
+    drawn = 0
+    streams = [BinaryTreeMechanism(1.0) for _ in range(3)]
+    for t in range(5):
+        for j, m in enumerate(streams):
+            source = module._source(j, t)
+            m.set_noise_source(source)
+            m.step(float((j + t) % 3))
+            drawn += source.draws
+    assert values == drawn / 15 and 0 < seconds < total
+    module.main(["--streams", "3", "--steps", "5", "--repeats", "1", "--cases", "tree,mean",
+                 "--draws"])
+    out = capsys.readouterr().out.splitlines()
+    rows = [line.split("|") for line in out[out.index(
+        "noise draws of the streams stepped together, per stream and step (one timed run)") + 2:]]
+    assert [r[0].strip() for r in rows] == ["tree", "mean"]
+    assert all(float(r[1]) > 0 and 0 < float(r[4]) < 1 for r in rows)
+
+
 def test_the_scale_benchmark_times_the_garbage_collector_and_freezes_the_events(capsys):
     """benchmarks/scale.py --gc prints each case's seconds in the garbage collector, and
     --gc-freeze keeps the events out of its reach during the runs only."""
