@@ -219,6 +219,10 @@ class PointBatch:
         batch._labels = list(labels)
         return batch
 
+    def __reduce__(self):
+        # Pickled as its wire form (its row layout, a struct.Struct, does not pickle).
+        return PointBatch.from_wire, (self.wire(),)
+
     def __len__(self) -> int:
         return len(self._labels)
 
@@ -231,7 +235,8 @@ class PointBatch:
         return list(self._orders) if self._orders is not None else [_PLAIN_ORDER] * len(self)
 
     def matrix(self) -> np.ndarray:
-        """The features as an ``(n, d)`` float64 array (a read-only copy-free view)."""
+        """The features as an ``(n, d)`` float64 array (read-only, over a copy of the buffer, so
+        the batch can still grow)."""
         n = len(self)
         if not n:
             return np.zeros((0, 0))

@@ -2,6 +2,7 @@
 clipping, ids and tie-breakers of single events, and the per-step collection of points."""
 
 import math
+import pickle
 
 import pytest
 from apache_beam import coders, pvalue
@@ -152,6 +153,7 @@ def test_a_point_batch_gives_its_points_back_exactly_in_every_form():
         assert [math.copysign(1.0, p[2][2]) for p in again] == [math.copysign(1.0, p[2][2])
                                                               for p in points]
         assert all(type(v) is float for p in again for v in p[2])
+        assert list(pickle.loads(pickle.dumps(batch))) == points
     assert _batch(POINTS).matrix().shape == (4, 3) and _batch([]).matrix().shape == (0, 0)
     # Without ids or test-mode tie-breakers the order keys travel as None.
     assert _batch(POINTS[:2]).wire()[1] is None and _batch(POINTS).wire()[1] is not None
