@@ -169,14 +169,13 @@ class PointBatch:
     True
     """
 
-    __slots__ = ("_times", "_orders", "_features", "_labels", "_row")
+    __slots__ = ("_times", "_orders", "_features", "_labels")
 
     def __init__(self) -> None:
         self._times = bytearray()
         self._orders: Optional[List[Any]] = None
         self._features = bytearray()
         self._labels: List[Any] = []
-        self._row: Optional[struct.Struct] = None   # a row's layout, once d is known
 
     def add(self, point: Tuple[float, Any, Sequence[float], Any]) -> None:
         """Appends one point."""
@@ -187,14 +186,8 @@ class PointBatch:
             self._orders = [_PLAIN_ORDER] * len(self._labels) + [order]
         self._times += _TIME.pack(ts)
         # Packing a row at once costs a few ns a value; extending an array.array, ≈ 60.
-        self._features += self._layout(len(features)).pack(*features)
+        self._features += _row_layout(len(features)).pack(*features)
         self._labels.append(label)
-
-    def _layout(self, d: int) -> struct.Struct:
-        row = self._row
-        if row is None or row.size != 8 * d:
-            row = self._row = _row_layout(d)
-        return row
 
     def extend(self, other: "PointBatch") -> None:
         """Appends the points of ``other`` (left as it is), in their order."""
@@ -218,10 +211,6 @@ class PointBatch:
         batch._features += features
         batch._labels = list(labels)
         return batch
-
-    def __reduce__(self):
-        # Pickled as its wire form (its row layout, a struct.Struct, does not pickle).
-        return PointBatch.from_wire, (self.wire(),)
 
     def __len__(self) -> int:
         return len(self._labels)
