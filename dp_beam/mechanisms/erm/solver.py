@@ -67,10 +67,14 @@ __all__ = ["solve_erm"]
 #: L-BFGS-B on SciPy's bundled OpenBLAS runs its triangular solves on every thread
 #: (``dtrtrs``, at any size): on problems this small the threads' hand-offs cost up to
 #: ten times the solve; the Newton steps' Cholesky solves run on the same library.
-#: One thread computes the same bits while every vector has at
+#: NumPy's bundled OpenBLAS computes the losses' products, and on two threads it splits
+#: ``Xᵀv`` over the points, with other bits, from a few thousand points on (measured: the
+#: gradient and the solve's result at n = 4,608, d = 100 differ between one and two
+#: threads). So a whole solve runs both libraries on one thread while every vector has at
 #: most this many entries: OpenBLAS splits a dot product across threads (changing
 #: its summation order) only above 10,000 entries, and the parallel triangular solve
-#: splits its right-hand sides, each solved the same way on any thread.
+#: splits its right-hand sides, each solved the same way on any thread. A retried step
+#: then solves to the same bits on any core count (test_solver.py).
 _ONE_THREAD_MAX_PARAMS = 10_000
 #: The first stage takes Newton steps up to this many parameters, L-BFGS above. OpenBLAS
 #: factorises a p × p matrix on one thread below p = 128 and splits it across threads from
@@ -85,34 +89,35 @@ _THREADS_LOCK = threading.Lock()
 _THREADS = {"libs": None, "active": 0, "saved": ()}
 
 
-def _scipy_openblas():
-    """The lib controllers of the OpenBLAS bundled with SciPy (wheels: ``scipy.libs``), found
-    once; empty without threadpoolctl or where SciPy shares NumPy's (or another) BLAS, whose
-    threads also compute the losses."""
+def _bundled_openblas():
+    """The lib controllers of the OpenBLAS builds bundled with SciPy's and NumPy's wheels
+    (``scipy.libs``, ``numpy.libs``), found once; empty without threadpoolctl. A BLAS of
+    the system or of another distribution is left with its own threads."""
     if _THREADS["libs"] is None:
         libs = []
         if ThreadpoolController is not None:
             # Real paths: the loader reports a library's resolved path, so a venv reached
             # through a symlink would otherwise never match.
-            bundled = os.path.join(os.path.dirname(os.path.dirname(os.path.realpath(scipy.__file__))),
-                                   "scipy.libs")
+            bundled = {os.path.join(os.path.dirname(os.path.dirname(os.path.realpath(module.__file__))),
+                                    module.__name__ + ".libs") for module in (scipy, np)}
             try:
                 controllers = ThreadpoolController().lib_controllers
             except Exception:  # an unexpected platform: keep the default threads
                 controllers = []
             libs = [lib for lib in controllers if lib.internal_api == "openblas"
-                    and os.path.dirname(os.path.realpath(lib.filepath)) == bundled]
+                    and os.path.dirname(os.path.realpath(lib.filepath)) in bundled]
         _THREADS["libs"] = libs
     return _THREADS["libs"]
 
 
 @contextlib.contextmanager
 def _one_blas_thread(n_params):
-    """SciPy's own OpenBLAS on one thread while the first stage runs (see _ONE_THREAD_MAX_PARAMS).
+    """SciPy's and NumPy's bundled OpenBLAS on one thread while a solve runs (see
+    _ONE_THREAD_MAX_PARAMS).
 
     Counted across threads: the first solve to enter saves the thread counts, the last
     to leave restores them, so concurrent solves never restore each other's setting."""
-    libs = _scipy_openblas() if n_params <= _ONE_THREAD_MAX_PARAMS else []
+    libs = _bundled_openblas() if n_params <= _ONE_THREAD_MAX_PARAMS else []
     if not libs:
         yield
         return
@@ -190,9 +195,10 @@ def solve_erm(loss: LogisticLoss, X: ArrayLike, y: ArrayLike, lam: float,
         return value + lam * float(diff @ diff), grad + 2.0 * lam * diff
 
     fun = _Remembered(objective)
-    theta, grad = _start_point(fun, ref, _first_stage(loss, fun, Xa, yi, lam, ref, gtol))
     step = 1.0 / (loss.smoothness + 2.0 * lam)
-    return _descend(fun, theta, grad, step, _descent_steps(loss, lam, n, tol_fraction), gtol)
+    with _one_blas_thread(loss.n_params):
+        theta, grad = _start_point(fun, ref, _first_stage(loss, fun, Xa, yi, lam, ref, gtol))
+        return _descend(fun, theta, grad, step, _descent_steps(loss, lam, n, tol_fraction), gtol)
 
 
 class _Remembered:
@@ -235,11 +241,10 @@ def _lbfgsb(fun, x0, pgtol):
 def _first_stage(loss, fun, Xa, yi, lam, ref, gtol):
     """A point that is normally within the certificate: Newton steps from θ_ref up to
     ``_NEWTON_MAX_PARAMS`` parameters, L-BFGS-B above (the module docstring)."""
-    with _one_blas_thread(ref.shape[0]):
-        if loss.n_params <= _NEWTON_MAX_PARAMS:
-            return _newton(fun, loss.hessian_on(Xa, yi), lam, ref, gtol)
-        # L-BFGS-B's gtol bounds the max-norm; ‖·‖₂ <= √p·‖·‖_∞ makes it imply ours.
-        return _lbfgsb(fun, ref, gtol / math.sqrt(loss.n_params))
+    if loss.n_params <= _NEWTON_MAX_PARAMS:
+        return _newton(fun, loss.hessian_on(Xa, yi), lam, ref, gtol)
+    # L-BFGS-B's gtol bounds the max-norm; ‖·‖₂ <= √p·‖·‖_∞ makes it imply ours.
+    return _lbfgsb(fun, ref, gtol / math.sqrt(loss.n_params))
 
 
 def _newton(fun, hessian, lam, ref, gtol):
@@ -262,7 +267,7 @@ def _newton(fun, hessian, lam, ref, gtol):
         if not np.isfinite(H).all():     # overflowing data
             break
         # H is symmetric positive definite (>= 2λI): a Cholesky solve, by SciPy's LAPACK
-        # (on one thread, as L-BFGS-B's: _first_stage). ≈ 4 µs at p = 11 against ≈ 14 µs
+        # (on one thread, as L-BFGS-B's: solve_erm). ≈ 4 µs at p = 11 against ≈ 14 µs
         # for numpy.linalg.solve's LU, whose call overhead dominates at these sizes.
         _, direction, info = _posv(H, grad)
         if info != 0:
