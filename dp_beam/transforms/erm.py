@@ -90,7 +90,7 @@ from dp_beam.mechanisms.noise import NoiseSource
 from dp_beam.mechanisms.noise_key import NoiseKey
 from dp_beam.records import LedgerEntry
 from dp_beam.records_erm import ModelRecord
-from dp_beam.transforms.erm_points import (CollectPoints, PackPoints, PointBatch, PreparePoints,
+from dp_beam.transforms.erm_points import (PackPoints, PointBatch, PreparePoints,
                                            PreparePointTotals)
 from dp_beam.transforms.events import INVALID, TRANSIENT_ERRORS, check_transient_errors
 from dp_beam.transforms.release_spec import ReleaseSpec, key_label
@@ -312,7 +312,9 @@ class _ERMTransform(beam.PTransform):
                                    [prepared[INVALID]], combine_fn=PackPoints())
         prepared = events | "Validate" >> beam.ParDo(PreparePoints(*args, **options),
                                                      **side).with_outputs(INVALID, main="valid")
-        aggregates = per_step(prepared.valid, CollectPoints(), self._step, self._step_micros,
+        # Combiner lifting compacts each bundle's partial lists: wide ones cross the grouping
+        # packed, as on the sharded path.
+        aggregates = per_step(prepared.valid, PackPoints(), self._step, self._step_micros,
                               events.is_bounded)
         return release_streams(self, events, aggregates, spec, entry, [prepared[INVALID]])
 

@@ -2,8 +2,8 @@
 
 Every event becomes ``(key, (ts, (id, tiebreak), features, label))`` in
 parallel (:class:`PreparePoints`; bad events go to ``invalid``), and the
-points of one step of one stream are collected into a list
-(:class:`CollectPoints`). Their release order, and why it never depends on
+points of one step of one stream are collected into a list, packed into a
+:class:`PointBatch` once it is wide (:class:`PackPoints`). Their release order, and why it never depends on
 a point's content, is the business of :mod:`dp_beam.transforms.erm`.
 """
 
@@ -260,7 +260,10 @@ PACK_MIN_VALUES = 128
 class PackPoints(CollectPoints):
     """:class:`CollectPoints` whose wide accumulators leave a bundle packed: ``compact`` sends
     a list of at least :data:`PACK_MIN_VALUES` feature values in the wire form of a
-    :class:`PointBatch` (used by :class:`PreparePointTotals`, whose release merges them).
+    :class:`PointBatch`. The combine of every ERM transform: the per-key path's
+    ``CombinePerKey``, whose lifted partial combine compacts each bundle's accumulators
+    before the grouping, and the sharded release, which merges the partial lists of
+    :class:`PreparePointTotals`.
 
     ``merge_accumulators`` and ``extract_output`` take every form (a list, a batch, a wire
     form) and leave their inputs as they are; lists alone merge into a list, anything else

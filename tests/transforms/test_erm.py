@@ -670,3 +670,54 @@ def test_a_steps_points_as_a_batch_release_what_the_list_of_them_releases(cls, a
     assert len(records["list"]) >= 10
     assert repr(records["batch"]) == repr(records["list"])
     assert repr(states["batch"]) == repr(states["list"])
+
+
+_PACKED = []
+
+
+def _wide(n, d, seed):
+    """n events of d features (norm < 1), 4 to a step: 4·d >= PACK_MIN_VALUES values a step."""
+    rng = np.random.default_rng(seed)
+    events = []
+    for i in range(n):
+        x = rng.normal(size=d)
+        x = x * (0.9 / np.linalg.norm(x))
+        events.append({"ts": 1.0 + i * 2.4, "x": [float(v) for v in x],
+                       "y": "a" if x[0] > 0 else "b", "key": "k"})
+    return events
+
+
+def test_the_per_key_path_sends_wide_steps_packed_with_the_records_of_lists(monkeypatch):
+    # shards=0 takes the per-key path: a CombinePerKey per (key, step) whose lifted partial
+    # combine compacts each bundle's accumulators. With PackPoints a step of 4 points of
+    # d = 40 (160 values) crosses the grouping packed; with CollectPoints as a list. The
+    # records must be the same. (The streaming runner of these tests does not lift the
+    # combine: compact is not called there, and a step arrives as the list it was.)
+    from dp_beam.transforms import erm as erm_module
+    from dp_beam.transforms.erm_points import CollectPoints, PackPoints
+    compact = PackPoints.compact
+
+    def spy(self, acc):
+        out = compact(self, acc)
+        if type(out) is tuple:
+            _PACKED.append(len(out[3]))
+        return out
+
+    monkeypatch.setattr(PackPoints, "compact", spy)
+    common = dict(COMMON, n_features=40, feature_bound=1.0)
+    events = _wide(48, 40, seed=9)
+
+    def run():
+        return _run(ContinualERM(block_size=8, base_size=16, rng=7, end=130.0, shards=0,
+                                 **common), events)["releases"]
+
+    _PACKED.clear()
+    packed = run()
+    assert _PACKED and max(_PACKED) >= 4
+    monkeypatch.setattr(erm_module, "PackPoints", CollectPoints)
+    _PACKED.clear()
+    lists = run()
+    assert not _PACKED
+    assert len(packed) >= 5
+    assert [(r.t, r.kind, r.step, r.weights, r.intercept) for r in packed] == \
+        [(r.t, r.kind, r.step, r.weights, r.intercept) for r in lists]
