@@ -86,7 +86,7 @@ _NEWTON_STEPS, _NEWTON_HALVINGS = 100, 60
 #: Armijo's sufficient-decrease fraction.
 _ARMIJO = 1e-4
 _THREADS_LOCK = threading.Lock()
-_THREADS = {"libs": None, "active": 0, "saved": ()}
+_THREADS = {"libs": None, "controls": None, "active": 0, "saved": ()}
 
 
 def _bundled_openblas():
@@ -110,6 +110,22 @@ def _bundled_openblas():
     return _THREADS["libs"]
 
 
+def _thread_controls():
+    """``[(get, set)]``: each bundled OpenBLAS's own functions reading and setting its thread
+    count (:func:`_bundled_openblas`), found once.
+
+    Not threadpoolctl's ``set_num_threads``: in the pinned 3.8 it lets only the first
+    Python thread that ever called it (its "controlling thread", while alive) change
+    OpenBLAS's process-wide count, and does nothing when called on any other thread. A Beam
+    worker solves on many threads; a solve on one of the others would keep the default
+    threads (measured: two, on a worker thread after the main thread had solved)."""
+    if _THREADS["controls"] is None:
+        _THREADS["controls"] = [
+            (lib.get_num_threads, getattr(lib, "_real_set_num_threads", lib.set_num_threads))
+            for lib in _bundled_openblas()]
+    return _THREADS["controls"]
+
+
 @contextlib.contextmanager
 def _one_blas_thread(n_params):
     """SciPy's and NumPy's bundled OpenBLAS on one thread while a solve runs (see
@@ -117,15 +133,15 @@ def _one_blas_thread(n_params):
 
     Counted across threads: the first solve to enter saves the thread counts, the last
     to leave restores them, so concurrent solves never restore each other's setting."""
-    libs = _bundled_openblas() if n_params <= _ONE_THREAD_MAX_PARAMS else []
-    if not libs:
+    controls = _thread_controls() if n_params <= _ONE_THREAD_MAX_PARAMS else []
+    if not controls:
         yield
         return
     with _THREADS_LOCK:
         if _THREADS["active"] == 0:
-            _THREADS["saved"] = tuple(lib.num_threads for lib in libs)
-            for lib in libs:
-                lib.set_num_threads(1)
+            _THREADS["saved"] = tuple(get() for get, _ in controls)
+            for _, set_threads in controls:
+                set_threads(1)
         _THREADS["active"] += 1
     try:
         yield
@@ -133,8 +149,8 @@ def _one_blas_thread(n_params):
         with _THREADS_LOCK:
             _THREADS["active"] -= 1
             if _THREADS["active"] == 0:
-                for lib, threads in zip(libs, _THREADS["saved"]):
-                    lib.set_num_threads(threads)
+                for (_, set_threads), threads in zip(controls, _THREADS["saved"]):
+                    set_threads(threads)
 
 
 def _descent_steps(loss, lam, n, tol_fraction=0.5):

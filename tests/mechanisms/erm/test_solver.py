@@ -254,9 +254,50 @@ def test_a_long_history_solves_to_the_same_bits_on_one_and_two_blas_threads():
     results = []
     for threads in (1, 2):
         with threadpool_limits(threads, user_api="blas"):
-            theta, gnorm = solve_erm(loss, X, y, 0.01, ref)
-        results.append((theta.tobytes(), gnorm))
-    assert results[0] == results[1]
+            # On another thread than the one that set the limit, as a Beam worker's solves.
+            _on_a_new_thread(lambda: results.append(solve_erm(loss, X, y, 0.01, ref)))
+    assert [(theta.tobytes(), gnorm) for theta, gnorm in results[:1]] == \
+        [(theta.tobytes(), gnorm) for theta, gnorm in results[1:]]
+
+
+def _on_a_new_thread(fn):
+    import threading
+    errors = []
+
+    def run():
+        try:
+            fn()
+        except BaseException as error:  # re-raised on the test's thread
+            errors.append(error)
+    worker = threading.Thread(target=run)
+    worker.start()
+    worker.join()
+    if errors:
+        raise errors[0]
+
+
+def test_a_solve_on_any_thread_runs_on_one_blas_thread(monkeypatch):
+    # threadpoolctl (3.8) lets only the first thread that set a count set it again; the
+    # guard calls the libraries' own functions, so a solve on another thread is guarded too.
+    from dp_beam.mechanisms.erm import solver
+    libs = solver._bundled_openblas()
+    if not libs:
+        pytest.skip("the bundled OpenBLAS is not separately controllable here (threadpoolctl, wheel)")
+    for lib in libs:
+        lib.set_num_threads(lib.num_threads)        # this thread takes threadpoolctl's control
+    before = [lib.num_threads for lib in libs]
+    seen = []
+    original = solver._posv
+
+    def stage(*args):
+        seen.append([lib.num_threads for lib in libs])
+        return original(*args)
+
+    monkeypatch.setattr(solver, "_posv", stage)
+    for case in _solves(2, 5):
+        _on_a_new_thread(lambda: solve_erm(*case))
+    assert seen and all(threads == [1] * len(libs) for threads in seen)
+    assert [lib.num_threads for lib in libs] == before
 
 
 @pytest.mark.parametrize("k,intercept", [(2, True), (2, False), (3, True), (4, False)])
