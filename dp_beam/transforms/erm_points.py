@@ -3,15 +3,16 @@
 Every event becomes ``(key, (ts, (id, tiebreak), features, label))`` in
 parallel (:class:`PreparePoints`; bad events go to ``invalid``), and the
 points of one step of one stream are collected into a list, packed into a
-:class:`PointBatch` once it is wide (:class:`PackPoints`). Their release order, and why it never depends on
-a point's content, is the business of :mod:`dp_beam.transforms.erm`.
+:class:`PointBatch` once it is wide (:class:`PackPoints`). Their release order,
+and why it never depends on a point's content, is the business of
+:mod:`dp_beam.transforms.erm`.
 """
 
 import functools
 import hashlib
 import math
 import struct
-from typing import Any, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Iterable, Iterator, List, Optional, Sequence, Tuple
 
 import apache_beam as beam
 import numpy as np
@@ -202,6 +203,14 @@ class PointBatch:
         return bytes(self._times), self._orders, bytes(self._features), self._labels
 
     @classmethod
+    def of(cls, points: Iterable[Tuple[float, Any, Sequence[float], Any]]) -> "PointBatch":
+        """The batch of ``points``, in their order."""
+        batch = cls()
+        for point in points:
+            batch.add(point)
+        return batch
+
+    @classmethod
     def from_wire(cls, wire: Tuple[bytes, Optional[List[Any]], bytes, List[Any]]) -> "PointBatch":
         """The batch of a :meth:`wire` form."""
         times, orders, features, labels = wire
@@ -302,10 +311,7 @@ def _batch(acc):
     if type(acc) is PointBatch:
         return acc
     if type(acc) is list:
-        batch = PointBatch()
-        for point in acc:
-            batch.add(point)
-        return batch
+        return PointBatch.of(acc)
     return PointBatch.from_wire(acc)
 
 

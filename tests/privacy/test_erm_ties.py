@@ -97,10 +97,7 @@ def _points(contents, tiebreaks, form="list"):
     pts = [pts[i] for i in np.random.default_rng(99).permutation(len(pts))]
     if form == "list":
         return pts
-    batch = PointBatch()
-    for point in pts:
-        batch.add(point)
-    return PointBatch.from_wire(batch.wire())
+    return PointBatch.from_wire(PointBatch.of(pts).wire())
 
 
 def _vector(record):

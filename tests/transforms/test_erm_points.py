@@ -134,16 +134,9 @@ POINTS = [(1.0, ((), None), (0.1, -0.2, 0.0), "no"),
           (3.0, ((), 2**63 + 5), (0.3, 0.4, 0.5), "yes")]
 
 
-def _batch(points):
-    batch = PointBatch()
-    for point in points:
-        batch.add(point)
-    return batch
-
-
 def test_a_point_batch_gives_its_points_back_exactly_in_every_form():
     for points in (POINTS, POINTS[:2], POINTS[2:], []):
-        batch = _batch(points)
+        batch = PointBatch.of(points)
         assert len(batch) == len(points) and list(batch) == points
         # The wire form is what crosses a grouping: Beam's default coder keeps it exactly.
         wire = coders.FastPrimitivesCoder().decode(coders.FastPrimitivesCoder().encode(batch.wire()))
@@ -154,14 +147,14 @@ def test_a_point_batch_gives_its_points_back_exactly_in_every_form():
                                                               for p in points]
         assert all(type(v) is float for p in again for v in p[2])
         assert list(pickle.loads(pickle.dumps(batch))) == points
-    assert _batch(POINTS).matrix().shape == (4, 3) and _batch([]).matrix().shape == (0, 0)
+    assert PointBatch.of(POINTS).matrix().shape == (4, 3) and PointBatch.of([]).matrix().shape == (0, 0)
     # Without ids or test-mode tie-breakers the order keys travel as None.
-    assert _batch(POINTS[:2]).wire()[1] is None and _batch(POINTS).wire()[1] is not None
+    assert PointBatch.of(POINTS[:2]).wire()[1] is None and PointBatch.of(POINTS).wire()[1] is not None
 
 
 def test_extending_a_batch_appends_in_order_and_leaves_the_other_as_it_was():
-    plain, marked = _batch(POINTS[:2]), _batch(POINTS[2:])
-    out = _batch(POINTS[:1])
+    plain, marked = PointBatch.of(POINTS[:2]), PointBatch.of(POINTS[2:])
+    out = PointBatch.of(POINTS[:1])
     out.extend(marked)
     out.extend(plain)
     assert list(out) == POINTS[:1] + POINTS[2:] + POINTS[:2]
