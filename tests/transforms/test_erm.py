@@ -672,9 +672,6 @@ def test_a_steps_points_as_a_batch_release_what_the_list_of_them_releases(cls, a
     assert repr(states["batch"]) == repr(states["list"])
 
 
-_PACKED = []
-
-
 def _wide(n, d, seed):
     """n events of d features (norm < 1), 4 to a step: 4·d >= PACK_MIN_VALUES values a step."""
     rng = np.random.default_rng(seed)
@@ -696,11 +693,12 @@ def test_the_per_key_path_sends_wide_steps_packed_with_the_records_of_lists(monk
     from dp_beam.transforms import erm as erm_module
     from dp_beam.transforms.erm_points import CollectPoints, PackPoints
     compact = PackPoints.compact
+    packed_sizes = []        # points per packed accumulator (the runner is in process)
 
     def spy(self, acc):
         out = compact(self, acc)
         if type(out) is tuple:
-            _PACKED.append(len(out[3]))
+            packed_sizes.append(len(out[3]))
         return out
 
     monkeypatch.setattr(PackPoints, "compact", spy)
@@ -711,13 +709,12 @@ def test_the_per_key_path_sends_wide_steps_packed_with_the_records_of_lists(monk
         return _run(ContinualERM(block_size=8, base_size=16, rng=7, end=130.0, shards=0,
                                  **common), events)["releases"]
 
-    _PACKED.clear()
     packed = run()
-    assert _PACKED and max(_PACKED) >= 4
+    assert packed_sizes and max(packed_sizes) >= 4
     monkeypatch.setattr(erm_module, "PackPoints", CollectPoints)
-    _PACKED.clear()
+    packed_sizes.clear()
     lists = run()
-    assert not _PACKED
+    assert not packed_sizes
     assert len(packed) >= 5
     assert [(r.t, r.kind, r.step, r.weights, r.intercept) for r in packed] == \
         [(r.t, r.kind, r.step, r.weights, r.intercept) for r in lists]

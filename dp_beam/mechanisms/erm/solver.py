@@ -59,7 +59,8 @@ from .loss import LogisticLoss
 
 try:
     from threadpoolctl import ThreadpoolController
-except ImportError:  # optional: without it L-BFGS-B keeps SciPy's BLAS threads (same results)
+except ImportError:  # optional: without it both libraries keep their threads (the bits of
+    # solves of thousands of points then depend on the core count)
     ThreadpoolController = None
 
 __all__ = ["solve_erm"]

@@ -179,14 +179,21 @@ def test_remembered_answers_at_the_first_and_the_last_point_only():
     assert f(np.array([-0.0, 0.0, 0.0]))[0] == 0.0 and len(calls) == 5   # bytes, not values
 
 
+def _bundled_libs():
+    """The solver's controllers of the bundled OpenBLAS; skips the test where there are none."""
+    from dp_beam.mechanisms.erm import solver
+    libs = solver._bundled_openblas()
+    if not libs:
+        pytest.skip("the bundled OpenBLAS is not separately controllable here (threadpoolctl, wheel)")
+    return libs
+
+
 @pytest.mark.parametrize("newton", [True, False], ids=["newton", "lbfgs"])
 @pytest.mark.parametrize("k", [2, 3])
 def test_one_blas_thread_for_the_solve_gives_the_bits_of_the_default_threads(
         monkeypatch, k, newton):
     from dp_beam.mechanisms.erm import solver
-    libs = solver._bundled_openblas()
-    if not libs:
-        pytest.skip("the bundled OpenBLAS is not separately controllable here (threadpoolctl, wheel)")
+    libs = _bundled_libs()
     if not newton:
         monkeypatch.setattr(solver, "_NEWTON_MAX_PARAMS", 0)     # L-BFGS for every size
     before = [lib.num_threads for lib in libs]
@@ -211,9 +218,7 @@ def test_one_blas_thread_for_the_solve_gives_the_bits_of_the_default_threads(
 
 def test_one_blas_thread_is_counted_across_concurrent_solves():
     from dp_beam.mechanisms.erm import solver
-    libs = solver._bundled_openblas()
-    if not libs:
-        pytest.skip("the bundled OpenBLAS is not separately controllable here (threadpoolctl, wheel)")
+    libs = _bundled_libs()
     before = [lib.num_threads for lib in libs]
     with solver._one_blas_thread(10):
         with solver._one_blas_thread(10):
@@ -226,10 +231,7 @@ def test_one_blas_thread_is_counted_across_concurrent_solves():
 
 def test_the_bundled_openblas_of_numpy_and_scipy_is_controlled():
     import scipy
-    from dp_beam.mechanisms.erm import solver
-    libs = solver._bundled_openblas()
-    if not libs:
-        pytest.skip("the bundled OpenBLAS is not separately controllable here (threadpoolctl, wheel)")
+    libs = _bundled_libs()
     owners = {os.path.basename(os.path.dirname(os.path.realpath(lib.filepath))) for lib in libs}
     # Wheels bundle their OpenBLAS next to the package: both are found when both are there.
     for module in (np, scipy):
@@ -243,9 +245,7 @@ def test_a_long_history_solves_to_the_same_bits_on_one_and_two_blas_threads():
     # computes the gradient Xᵀv with other bits than on one (measured), so without the
     # solve's one-thread guard the result differs with the core count of the machine.
     from threadpoolctl import threadpool_limits
-    from dp_beam.mechanisms.erm import solver
-    if not solver._bundled_openblas():
-        pytest.skip("the bundled OpenBLAS is not separately controllable here (threadpoolctl, wheel)")
+    _bundled_libs()          # skips where the libraries cannot be set
     rng = np.random.default_rng(11)
     loss = LogisticLoss(100, [0, 1], 1.0)
     X = loss.clip(rng.normal(size=(4608, 100)) * 0.2)
@@ -280,9 +280,7 @@ def test_a_solve_on_any_thread_runs_on_one_blas_thread(monkeypatch):
     # threadpoolctl (3.8) lets only the first thread that set a count set it again; the
     # guard calls the libraries' own functions, so a solve on another thread is guarded too.
     from dp_beam.mechanisms.erm import solver
-    libs = solver._bundled_openblas()
-    if not libs:
-        pytest.skip("the bundled OpenBLAS is not separately controllable here (threadpoolctl, wheel)")
+    libs = _bundled_libs()
     for lib in libs:
         lib.set_num_threads(lib.num_threads)        # this thread takes threadpoolctl's control
     before = [lib.num_threads for lib in libs]
