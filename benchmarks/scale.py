@@ -58,7 +58,8 @@ spread evenly over the hour above 60) and ``--erm-block B`` the ERM cases' block
 (``base_size`` 2B; 8 by default), for ERM configured for useful models: with
 ``--per-step 64 --erm-block 256`` a model is still released every 4 steps, each block
 of 256 points where the default trains on 8 (a model whose noise is larger than
-its weights, the worst case per point). With ``input`` among the cases, a line gives
+its weights, the worst case per point). ``--array-features`` makes the ERM cases'
+``features_fn`` return a new NumPy array per event instead of a list. With ``input`` among the cases, a line gives
 its share of the filled count's time and every case's time beyond it (the
 transform's own cost), and the ratios of those.
 
@@ -81,7 +82,7 @@ the runner API, against the non-private pipeline's.
 
     python benchmarks/scale.py [--keys 10,100,1000] [--steps 72] [--repeats 3]
         [--cases per-key,sharded,sharded-blt,sum,user-count,mean,erm-d10,erm-d100,plain-erm-d10,plain-erm-d100,plain-mean,filled,input]
-        [--per-step 2] [--erm-block 8] [--gc] [--gc-freeze]
+        [--per-step 2] [--erm-block 8] [--array-features] [--gc] [--gc-freeze]
         [--workers 2] [--mean-users 100,1000,10000,100000 [--mean-keys 10]]
         [--rss-keys 100000] [--state-keys 100000] [--build-keys 100000]
 """
@@ -197,13 +198,19 @@ class _PlainMean(beam.DoFn):
 
 
 class _Features:
-    """Point features for the ERM cases: one of five fixed vectors of norm <= 1 in R^d, by value."""
+    """Point features for the ERM cases: one of five fixed vectors of norm <= 1 in R^d, by value;
+    a list, or with ``as_array`` a new 1-D float64 NumPy array per event (as a feature
+    extractor working in NumPy returns them)."""
 
-    def __init__(self, dim):
+    def __init__(self, dim, as_array=False):
         self._vectors = [[((i * 7 + j * 3) % 11 - 5) / (5.0 * dim ** 0.5) for i in range(dim)]
                          for j in range(5)]
+        self._as_array = as_array
+        self._arrays = [np.array(v) for v in self._vectors]
 
     def __call__(self, event):
+        if self._as_array:
+            return self._arrays[int(event[2])].copy()
         return self._vectors[int(event[2])]
 
 
@@ -211,14 +218,16 @@ class _PlainERM(beam.DoFn):
     """Non-private: a key's logistic model (L2 penalty λ‖θ‖², intercept) after every block of
     points, each fit on all points so far by L-BFGS-B, warm-started from the last model."""
 
-    def __init__(self, dim, block=ERM_BLOCK):
-        self._features = _Features(dim)
+    def __init__(self, dim, block=ERM_BLOCK, array_features=False):
+        self._features = _Features(dim, array_features)
+        self._dim = dim
         self._block = block
 
     def process(self, element):
         key, events = element
         events = sorted(events, key=lambda e: e[1])
-        X = np.array([self._features(e) + [1.0] for e in events])
+        X = np.ones((len(events), self._dim + 1))
+        X[:, :-1] = [self._features(e) for e in events]
         y = np.array([float(int(e[2]) % 2) for e in events])
         theta = np.zeros(X.shape[1])
         for n in range(self._block, len(events) + 1, self._block):
@@ -235,7 +244,7 @@ def _logistic(theta, X, y):
     return value, X.T @ (p - y) / len(y) + 2.0 * ERM_LAMBDA * theta
 
 
-def private_transform(case, keys, steps, max_users=None, erm_block=ERM_BLOCK):
+def private_transform(case, keys, steps, max_users=None, erm_block=ERM_BLOCK, array_features=False):
     common = dict(epsilon=1.0, step=HOUR, start=0, end=steps * HOUR, key_fn=lambda e: e[0],
                   keys=[f"k{k}" for k in range(keys)], noise_key=BENCH_KEY)
     if case == "per-key":
@@ -257,7 +266,7 @@ def private_transform(case, keys, steps, max_users=None, erm_block=ERM_BLOCK):
                                  max_users=2 if max_users is None else max_users, **common)
     if case.startswith("erm-d"):
         dim = int(case[len("erm-d"):])
-        return dpb.ContinualERM(features_fn=_Features(dim), label_fn=lambda e: int(e[2]) % 2,
+        return dpb.ContinualERM(features_fn=_Features(dim, array_features), label_fn=lambda e: int(e[2]) % 2,
                                 classes=(0, 1), n_features=dim, feature_bound=1.0, lam=ERM_LAMBDA,
                                 block_size=erm_block, base_size=2 * erm_block,
                                 timestamp_fn=lambda e: e[1], **common)
@@ -268,10 +277,11 @@ def _dropped(unused_event):
     return False
 
 
-def run_once(case, keys, steps, events, flags=(), sink=None, max_users=None, erm_block=ERM_BLOCK):
+def run_once(case, keys, steps, events, flags=(), sink=None, max_users=None, erm_block=ERM_BLOCK,
+             array_features=False):
     """(wall seconds, CPU seconds of this process) of one pipeline run (``max_users``: the
     mean's declared users per stream, if not the key axis's; ``erm_block``: the ERM cases'
-    block size)."""
+    block size; ``array_features``: their features as NumPy arrays instead of lists)."""
     wall, cpu = time.perf_counter(), time.process_time()
     p = beam.Pipeline(options=PipelineOptions(flags=list(flags), runner="FnApiRunner"))
     stamped = p | _CreateEvents(events, reshuffle=False) | beam.Map(_stamp)
@@ -287,9 +297,10 @@ def run_once(case, keys, steps, events, flags=(), sink=None, max_users=None, erm
              | beam.ParDo(_PlainMean(steps)))
     elif case.startswith("plain-erm-d"):
         _ = (stamped | beam.Map(lambda e: (e[0], e)) | beam.GroupByKey()
-             | beam.ParDo(_PlainERM(int(case[len("plain-erm-d"):]), erm_block)))
+             | beam.ParDo(_PlainERM(int(case[len("plain-erm-d"):]), erm_block, array_features)))
     else:
-        releases = (stamped | private_transform(case, keys, steps, max_users, erm_block)).releases
+        releases = (stamped | private_transform(case, keys, steps, max_users, erm_block,
+                                                array_features)).releases
         if sink is not None:
             _ = (releases | beam.Map(lambda r: json.dumps([r.key, r.step, r.value]))
                  | beam.io.WriteToText(sink, shard_name_template=""))
@@ -453,6 +464,7 @@ def main(argv=None):
     parser.add_argument("--mean-keys", type=int, default=10)
     parser.add_argument("--per-step", type=int, default=2)
     parser.add_argument("--erm-block", type=int, default=ERM_BLOCK)
+    parser.add_argument("--array-features", action="store_true")
     parser.add_argument("--gc", action="store_true")
     parser.add_argument("--gc-freeze", action="store_true")
     args = parser.parse_args(argv)
@@ -467,6 +479,7 @@ def main(argv=None):
         print("out/s in wall time (CPU time in brackets); medians of "
               f"{args.repeats} interleaved runs, {args.steps} steps, {args.per_step} events per "
               f"key and step" + (f", ERM blocks of {args.erm_block}"
+                                 + (", features as NumPy arrays" if args.array_features else "")
                                  if any(c.startswith(("erm-", "plain-erm-")) for c in cases) else "")
               + (", the events frozen out of the garbage collector's reach" if args.gc_freeze
                  else ""))
@@ -483,7 +496,8 @@ def main(argv=None):
         for _ in range(args.repeats):
             for case in cases:      # interleaved: load drifts hit every case alike
                 with _GcClock(args.gc) as clock:
-                    w, c = run_once(case, keys, args.steps, events, erm_block=args.erm_block)
+                    w, c = run_once(case, keys, args.steps, events, erm_block=args.erm_block,
+                                    array_features=args.array_features)
                 wall[case].append(w)
                 cpu[case].append(c)
                 collecting[case].append(clock.seconds)

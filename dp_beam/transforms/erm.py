@@ -343,7 +343,8 @@ _MULTIRES = erm_mech.MultiResolutionERMConfig
 
 _COMMON_ARGS = """
     Args:
-      features_fn: element → a sequence of ``n_features`` finite reals.
+      features_fn: element → a sequence of ``n_features`` finite reals (a list, a tuple
+        or a 1-D NumPy array of floats or ints, which is read in one call).
       label_fn: element → one of ``classes``.
       classes: the public list of labels (2: binary logistic; K >= 3: softmax).
       n_features: d.

@@ -4,6 +4,7 @@ clipping, ids and tie-breakers of single events, and the per-step collection of 
 import math
 import pickle
 
+import numpy as np
 import pytest
 from apache_beam import coders, pvalue
 
@@ -51,6 +52,35 @@ def test_bad_events_go_to_invalid_with_a_reason(event, reason):
     (out,) = _prepare()(event)
     assert isinstance(out, pvalue.TaggedOutput) and out.tag == INVALID
     assert reason in out.value.reason
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float32", "float64", "int8", "int64", "uint64",
+                                   "longdouble"])
+def test_array_features_give_the_points_of_their_values_one_by_one(dtype):
+    # 1-D arrays of floats and ints take a C conversion instead of a check per NumPy scalar
+    # (longdouble keeps the check per scalar): the point must be the one of the values
+    # given as a list of those scalars, bit for bit.
+    values = np.array([0.3, -0.4] if np.dtype(dtype).kind == "f" else [0, 1], dtype=dtype)
+    prepare = _prepare()
+    (fast,) = prepare({"ts": TS, "x": values, "y": "yes"})
+    (slow,) = prepare({"ts": TS, "x": list(values), "y": "yes"})
+    assert fast.value == slow.value
+    assert [type(x) for x in fast.value[1][2]] == [float, float]
+
+
+@pytest.mark.parametrize("x, reason", [
+    (np.array([0.1, np.nan], dtype=np.float32), "feature value is NaN"),
+    (np.array([0.1, np.inf]), "feature value is infinite"),
+    (np.array([np.inf, -np.inf], dtype=np.float16), "feature value is infinite"),
+    (np.array([0.1, 0.2, 0.3]), "features_fn returned 3 values, expected 2"),
+    (np.array([[0.1, 0.2]]), "features_fn returned 1 values, expected 2"),
+    (np.array([True, False]), "feature not a real number: bool"),
+    (np.array([1 + 0j, 0j]), "feature not a real number: complex128"),
+])
+def test_bad_array_features_go_to_invalid_with_the_reason_of_their_values(x, reason):
+    (out,) = _prepare()({"ts": TS, "x": x, "y": "no"})
+    assert isinstance(out, pvalue.TaggedOutput) and out.tag == INVALID
+    assert out.value.reason == reason
 
 
 def test_ids_are_checked_and_tie_breakers_are_reproducible_only_in_test_modes():

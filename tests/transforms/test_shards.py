@@ -1,6 +1,7 @@
 """The sharded release gives the per-key release's records, bit for bit, on batch and streaming input."""
 
 import apache_beam as beam
+import numpy as np
 import pytest
 from apache_beam import pvalue
 from apache_beam.portability import common_urns
@@ -779,6 +780,24 @@ def test_the_scale_benchmark_spreads_many_events_and_sizes_the_erm_blocks(capsys
     assert "70 events per key and step, ERM blocks of 16" in out
     lines = [line for line in out.splitlines() if "input stage" in line]
     assert len(lines) == 1 and "sharded " in lines[0] and "erm-d10 " in lines[0]
+
+
+def test_the_scale_benchmark_gives_the_erm_cases_array_features_of_the_same_values(capsys):
+    """benchmarks/scale.py --array-features: the features are new NumPy arrays of the list
+    values, the non-private models are those fitted on the lists, and a run says so."""
+    module = _benchmark("scale")
+    as_list, as_array = module._Features(10), module._Features(10, as_array=True)
+    event = ("k0", 60.0, 3.0)
+    assert type(as_array(event)) is np.ndarray and as_array(event) is not as_array(event)
+    assert as_array(event).tolist() == as_list(event)
+    events = ("k0", [("k0", 60.0 * i, float(i % 5)) for i in range(16)])
+    fits = [list(module._PlainERM(10, 8, array_features=a).process(events)) for a in (False, True)]
+    assert [n for _, n, _ in fits[0]] == [8, 16]
+    assert all(np.array_equal(a[2], b[2]) for a, b in zip(*fits))
+    module.main(["--keys", "2", "--steps", "2", "--erm-block", "2", "--array-features",
+                 "--cases", "sharded,erm-d10,plain-erm-d10,filled", "--repeats", "1",
+                 "--state-keys", "0"])
+    assert "ERM blocks of 2, features as NumPy arrays" in capsys.readouterr().out
 
 
 def test_the_lockstep_benchmark_checks_that_both_ways_release_the_same(capsys, monkeypatch):
