@@ -27,7 +27,7 @@ from dp_beam.transforms.steps import BundleTotals, BundleUserEvents, global_elem
 from dp_beam.transforms.stream_keys import KV
 
 __all__ = ["BoundContributions", "BoundContributionsBatch", "capped", "capped_records",
-           "CountCapped", "PrepareUserEventsBatch"]
+           "CountCapped", "event_order", "PrepareUserEventsBatch"]
 
 
 def capped(reason: str, user: Any, step: int, example: Dict[str, Any], ts: float,
@@ -144,11 +144,21 @@ class PrepareUserEventsBatch(BundleUserEvents, PrepareEvents):
         return self._gather(user, (key, value, micros), micros)
 
 
-def _event_order(event):
-    """A user's events in event-time order; ties by key and value, so that the events kept
-    do not depend on the order the grouping gives them."""
-    key, value, micros = event
-    return micros, repr(key), value
+def event_order(event):
+    """The sort key of a user's ``(key, value, time)`` event in the batch per-user stages:
+    event-time order, ties by key and value, so that the events a cap keeps do not depend
+    on the order the grouping gives them.
+
+    With keyed noise a rerun draws the same noise, so a rerun that kept other events of a
+    user would release a value differing from the first run's by exactly the change in the
+    data. A total order on the events' content cannot leak: the choice is a function of the
+    user's own events, and the whole user is what the neighbouring inputs differ by.
+
+    >>> sorted([("b", 1.0, 5), ("a", 2.0, 5), ("a", 1.0, 5), ("z", 0.0, 4)], key=event_order)
+    [('z', 0.0, 4), ('a', 1.0, 5), ('a', 2.0, 5), ('b', 1.0, 5)]
+    """
+    key, value, time = event
+    return time, repr(key), value
 
 
 class BoundContributionsBatch(BundleTotals, _UserBound):
@@ -190,7 +200,7 @@ class BoundContributionsBatch(BundleTotals, _UserBound):
         user, lists = element
         cap, max_keys = self._cap, self._max_keys
         used, seen, over = 0, [], []
-        for key, value, micros in sorted(itertools.chain.from_iterable(lists), key=_event_order):
+        for key, value, micros in sorted(itertools.chain.from_iterable(lists), key=event_order):
             if used >= cap:
                 over.append(self._past_cap(user, key, value, micros))
                 continue

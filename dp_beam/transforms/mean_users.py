@@ -25,7 +25,7 @@ from apache_beam.transforms.userstate import ReadModifyWriteStateSpec
 from apache_beam.utils.timestamp import Timestamp
 
 from dp_beam.mechanisms.continual_mean import MeanParams, UserState, contribution, user_hash
-from dp_beam.transforms.contributions import capped, capped_records
+from dp_beam.transforms.contributions import capped, capped_records, event_order
 from dp_beam.transforms.events import INVALID, NAMESPACE, TRANSIENT_ERRORS, ValidatingDoFn, as_real
 from dp_beam.transforms.keys import UNITS
 from dp_beam.transforms.mean_aggregates import PackedSamples, compacted, merge_into
@@ -249,8 +249,10 @@ class WithholdReleaseBatch(_UserStage):
     """Bounded per-user stage: ``(user, [(key, value, ts), ...])`` → ``((key, step), MeanAggregate)``.
 
     All of a user's events arrive together (a ``GroupByKey``), so they are
-    taken in event-time order (ties in arbitrary order): the schedule and the
-    keys a user keeps are those of a stream that arrived in time order. A
+    taken in event-time order, ties by key and value
+    (:func:`~dp_beam.transforms.contributions.event_order`): the schedule and the
+    keys and samples a user keeps are those of a stream that arrived in that order,
+    whatever order the grouping gave them, so a rerun keeps the same ones. A
     user's aggregates of one key and step are merged before they leave, and
     the step is part of the output key, so the combine downstream needs no
     event-time windows (bounded input has no late data). No Beam state is
@@ -275,7 +277,7 @@ class WithholdReleaseBatch(_UserStage):
         if self._gathered:
             events = itertools.chain.from_iterable(events)
         streams, pending, over = {}, {}, []
-        for key, value, ts in sorted(events, key=lambda e: e[2]):
+        for key, value, ts in sorted(events, key=event_order):
             new = key not in streams
             out = self._consume(streams, user, key, value, ts)
             if isinstance(out, pvalue.TaggedOutput):

@@ -223,14 +223,18 @@ PER_KEY = 4  # samples of a user in each of its keys: a power of 2, so all are r
 
 
 def _keyed_events(seed=3):
-    """Users with samples in 1, 2 or 3 keys; sample j of a (user, key) falls in step j."""
+    """Users with samples in 1, 2 or 3 keys; sample j of a (user, key) falls in step j.
+
+    A user's keys start at a different key for each user, and its first key's samples come
+    a second before the next key's, so the keys a user keeps first are spread over all the
+    keys (ties of event time would go to the key with the smallest repr)."""
     rnd = random.Random(seed)
     events = []
     for u in range(45):
-        keys = KEYS[: 1 + u % 3]
-        for key in keys:
+        keys = [KEYS[(u + i) % len(KEYS)] for i in range(1 + u % 3)]
+        for i, key in enumerate(keys):
             for j in range(PER_KEY):
-                events.append({"user": f"u{u}", "key": key, "ts": j * STEP + 1 + u % 5,
+                events.append({"user": f"u{u}", "key": key, "ts": j * STEP + 1 + u % 5 + i,
                                "v": rnd.uniform(-5, 15)})
     rnd.shuffle(events)
     return events

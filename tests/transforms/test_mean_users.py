@@ -12,7 +12,7 @@ from apache_beam.transforms.window import GlobalWindow
 from apache_beam.utils.timestamp import Timestamp
 
 from dp_beam.mechanisms.continual_mean import MeanParams, mean_config
-from dp_beam.transforms.contributions import CountCapped, capped_records
+from dp_beam.transforms.contributions import CountCapped, capped_records, event_order
 from dp_beam.transforms.events import CAPPED, INVALID
 from dp_beam.transforms.keys import UNITS
 from dp_beam.transforms import mean_users
@@ -93,6 +93,29 @@ def test_batch_stage_takes_events_in_event_time_order_whatever_their_arrival():
         assert _per_key_step(a[0]) == _per_key_step(b[0])
 
 
+def test_batch_stage_keeps_the_same_tied_events_whatever_order_the_grouping_gives():
+    # Six events at one time, under two keys: the cap (M = 4 samples) and max_keys cut the
+    # tie group, so arrival order alone would decide which samples and which key are kept.
+    # Every order must give the same aggregates and dead letters: with keyed noise, a rerun
+    # that kept other samples would release the first run's noise plus the data's change.
+    events = [("B", 3.0, 5.0), ("A", 2.0, 5.0), ("A", 0.5, 5.0), ("B", 1.0, 5.0),
+              ("A", 4.0, 5.0), ("A", 1.5, 5.0), ("A", 2.5, 5.0)]
+    stage = _stage(WithholdReleaseBatch, max_keys=1)
+    outs = []
+    for seed in range(6):
+        shuffled = list(events)
+        random.Random(seed).shuffle(shuffled)
+        out, tagged = _split(stage.process(("u", shuffled)))
+        outs.append((_per_key_step(out), sorted(repr(r) for r in tagged[INVALID])))
+        dead = {r.reason: (r.count, r.element["example"]) for r in tagged[INVALID]}
+    assert all(o == outs[0] for o in outs)
+    # Ties go by key, then value: key A is kept with its four smallest values, 4.0 is capped.
+    (((key, _), fields),) = outs[0][0].items()
+    assert key == "A" and fields["events"] == M
+    assert dead == {"max_keys_per_user (1) exceeded for user": (2, {"key": "B", "value": 1.0}),
+                    f"max_samples_per_user ({M}) exceeded for user": (1, {"key": "A", "value": 4.0})}
+
+
 def test_batch_stage_matches_the_streaming_stage_fed_in_event_time_order():
     batch, streaming = _stage(WithholdReleaseBatch, max_keys=2), _stage(WithholdRelease, max_keys=2)
     batch_out, stream_out = [], []
@@ -103,7 +126,8 @@ def test_batch_stage_matches_the_streaming_stage_fed_in_event_time_order():
         assert CAPPED not in tagged
         batch_capped += tagged.get(INVALID, [])
         cell = _Cell()
-        for key, value, ts in sorted(events, key=lambda e: e[2]):
+        # The batch stage's order: event time, ties by key and value.
+        for key, value, ts in sorted(events, key=event_order):
             out, tagged = _split(streaming.process((user, (key, value, ts)), state=cell))
             # The streaming stage stamps the aggregate; the step windows place it.
             stream_out += [((k, Timestamp.of(tv.timestamp).micros // STEP_MICROS), agg)
