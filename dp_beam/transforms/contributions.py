@@ -151,8 +151,11 @@ def event_order(event):
 
     With keyed noise a rerun draws the same noise, so a rerun that kept other events of a
     user would release a value differing from the first run's by exactly the change in the
-    data. A total order on the events' content cannot leak: the choice is a function of the
-    user's own events, and the whole user is what the neighbouring inputs differ by.
+    data. An order by the events' content keeps the sensitivity: the choice is a function
+    of the user's own events, so neighbouring inputs (a user added or removed, or with
+    other values) differ only in that user's kept events, within the caps. Ties go by key
+    before value, so the keys and times a user keeps depend on no value (the mean's
+    ``neighbours="values"`` takes them as public).
 
     >>> sorted([("b", 1.0, 5), ("a", 2.0, 5), ("a", 1.0, 5), ("z", 0.0, 4)], key=event_order)
     [('z', 0.0, 4), ('a', 1.0, 5), ('a', 2.0, 5), ('b', 1.0, 5)]

@@ -94,7 +94,7 @@ def test_batch_stage_takes_events_in_event_time_order_whatever_their_arrival():
 
 
 def test_batch_stage_keeps_the_same_tied_events_whatever_order_the_grouping_gives():
-    # Six events at one time, under two keys: the cap (M = 4 samples) and max_keys cut the
+    # Seven events at one time, under two keys: the cap (M = 4 samples) and max_keys cut the
     # tie group, so arrival order alone would decide which samples and which key are kept.
     # Every order must give the same aggregates and dead letters: with keyed noise, a rerun
     # that kept other samples would release the first run's noise plus the data's change.
