@@ -59,9 +59,9 @@ spread evenly over the hour above 60) and ``--erm-block B`` the ERM cases' block
 ``--per-step 64 --erm-block 256`` a model is still released every 4 steps, each block
 of 256 points where the default trains on 8 (a model whose noise is larger than
 its weights, the worst case per point). ``--array-features`` makes the ERM cases'
-``features_fn`` return a new NumPy array per event instead of a list. With ``input`` among the cases, a line gives
-its share of the filled count's time and every case's time beyond it (the
-transform's own cost), and the ratios of those.
+``features_fn`` return a new NumPy array per event instead of a list. With ``input``
+among the cases, a line gives its share of the filled count's time and every case's
+time beyond it (the transform's own cost), and the ratios of those.
 
 ``--gc`` adds a line with every case's seconds in Python's garbage collector (medians),
 and ``--gc-freeze`` moves the in-memory events (and whatever else exists by then: imported
@@ -266,8 +266,8 @@ def private_transform(case, keys, steps, max_users=None, erm_block=ERM_BLOCK, ar
                                  max_users=2 if max_users is None else max_users, **common)
     if case.startswith("erm-d"):
         dim = int(case[len("erm-d"):])
-        return dpb.ContinualERM(features_fn=_Features(dim, array_features), label_fn=lambda e: int(e[2]) % 2,
-                                classes=(0, 1), n_features=dim, feature_bound=1.0, lam=ERM_LAMBDA,
+        return dpb.ContinualERM(features_fn=_Features(dim, array_features),
+                                label_fn=lambda e: int(e[2]) % 2, classes=(0, 1), n_features=dim, feature_bound=1.0, lam=ERM_LAMBDA,
                                 block_size=erm_block, base_size=2 * erm_block,
                                 timestamp_fn=lambda e: e[1], **common)
     raise ValueError(f"unknown case {case!r}")

@@ -103,8 +103,9 @@ def as_real(value: Any) -> Tuple[Optional[float], Optional[str]]:
             return None, "value is infinite"
         return value, None
     # A float subclass (NumPy's float64) is real and no flag: the ABC test (≈ 0.2 µs) is skipped.
-    if not isinstance(value, float) and (isinstance(value, bool) or isinstance(value, np.bool_) or not (
-            isinstance(value, numbers.Real) or _is_decimal(value))):
+    if not isinstance(value, float) and (
+            isinstance(value, bool) or isinstance(value, np.bool_)
+            or not (isinstance(value, numbers.Real) or _is_decimal(value))):
         return None, f"not a real number: {type(value).__name__}"
     try:
         v = float(value)
