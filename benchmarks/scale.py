@@ -63,6 +63,12 @@ its weights, the worst case per point). ``--array-features`` makes the ERM cases
 among the cases, a line gives its share of the filled count's time and every case's
 time beyond it (the transform's own cost), and the ratios of those.
 
+``--floor`` adds a line per ERM case: the time of its mechanism alone, engine-free (no
+Beam), on the same points (:func:`mechanism_seconds`, medians of ``--repeats`` runs after
+the pipelines'), and the filled count's time over it, and over it plus the input stage when
+``input`` is among the cases: the best ratio any pipeline around that mechanism could
+reach.
+
 ``--gc`` adds a line with every case's seconds in Python's garbage collector (medians),
 and ``--gc-freeze`` moves the in-memory events (and whatever else exists by then: imported
 modules, the runner's set-up) out of the collector's reach (``gc.freeze()``) before the
@@ -82,7 +88,7 @@ the runner API, against the non-private pipeline's.
 
     python benchmarks/scale.py [--keys 10,100,1000] [--steps 72] [--repeats 3]
         [--cases per-key,sharded,sharded-blt,sum,user-count,mean,erm-d10,erm-d100,plain-erm-d10,plain-erm-d100,plain-mean,filled,input]
-        [--per-step 2] [--erm-block 8] [--array-features] [--gc] [--gc-freeze]
+        [--per-step 2] [--erm-block 8] [--array-features] [--floor] [--gc] [--gc-freeze]
         [--workers 2] [--mean-users 100,1000,10000,100000 [--mean-keys 10]]
         [--rss-keys 100000] [--state-keys 100000] [--build-keys 100000]
 """
@@ -108,6 +114,7 @@ from apache_beam.options.pipeline_options import PipelineOptions  # noqa: E402
 
 import dp_beam as dpb  # noqa: E402
 from dp_beam.mechanisms import BinaryTreeMechanism  # noqa: E402
+from dp_beam.mechanisms.erm import ContinualERMMechanism  # noqa: E402
 
 HOUR = 3600.0
 CASES = ("per-key", "sharded", "sharded-blt", "sum", "user-count", "mean", "plain-mean", "erm-d10",
@@ -333,6 +340,39 @@ class _GcClock:
         return False
 
 
+def mechanism_seconds(case, keys, steps, events, erm_block=ERM_BLOCK):
+    """``(wall seconds, CPU seconds, models)`` of an ERM case's engine-free mechanism alone on
+    the case's points: per key, its points in time order through the
+    ``ContinualERMMechanism`` of the transform's own configuration (``extend``), with
+    production noise (the engine-free default: a fresh keyed source per stream, the same exact
+    samplers). No Beam at all, so no pipeline releasing these models with this mechanism
+    can take less: the filled count's time over this bounds the case's ratio (``--floor``)."""
+    dim = int(case[len("erm-d"):])
+    config = private_transform(case, keys, steps, erm_block=erm_block)._config
+    features = _Features(dim)
+    points = {}
+    for e in events:
+        points.setdefault(e[0], []).append(e)
+    wall, cpu, models = time.perf_counter(), time.process_time(), 0
+    for key_events in points.values():
+        key_events.sort(key=lambda e: e[1])
+        stream = ContinualERMMechanism.from_config(config)
+        models += len(stream.extend(np.array([features(e) for e in key_events]),
+                                    [int(e[2]) % 2 for e in key_events]))
+    return time.perf_counter() - wall, time.process_time() - cpu, models
+
+
+def floor_line(case, filled, floor, base=None):
+    """The ``--floor`` line of an ERM case: its mechanism's time alone (:func:`mechanism_seconds`)
+    and the ratios to the filled count it leaves at best, without and with the input stage
+    (``base``) that every pipeline also runs. ``filled`` and ``floor`` are (wall, CPU)."""
+    bound = (f", filled / (input + it) {filled[0] / (base + floor[0]):.2f}"
+             if base is not None else "")
+    return (f"{case} mechanism alone, no Beam ({floor[2]:,} models): {floor[0]:.2f} s "
+            f"({floor[1]:.2f}); at best filled / it {filled[0] / floor[0]:.2f} "
+            f"({filled[1] / floor[1]:.2f}){bound}")
+
+
 def input_line(cases, seconds):
     """The common input stage's share of the filled count's wall time, and every case's time
     beyond it, with the ratios of those (filled's over the case's: the transform's own cost
@@ -465,6 +505,7 @@ def main(argv=None):
     parser.add_argument("--per-step", type=int, default=2)
     parser.add_argument("--erm-block", type=int, default=ERM_BLOCK)
     parser.add_argument("--array-features", action="store_true")
+    parser.add_argument("--floor", action="store_true")
     parser.add_argument("--gc", action="store_true")
     parser.add_argument("--gc-freeze", action="store_true")
     args = parser.parse_args(argv)
@@ -519,6 +560,16 @@ def main(argv=None):
         if "input" in cases:
             print(f"{keys:>6} | " + input_line(cases, {c: statistics.median(wall[c]) for c in cases}),
                   flush=True)
+        if args.floor:
+            filled = (statistics.median(wall["filled"]), statistics.median(cpu["filled"]))
+            base = statistics.median(wall["input"]) if "input" in cases else None
+            for c in cases:
+                if c.startswith("erm-d"):
+                    runs = [mechanism_seconds(c, keys, args.steps, events, args.erm_block)
+                            for _ in range(args.repeats)]
+                    floor = (statistics.median(r[0] for r in runs),
+                             statistics.median(r[1] for r in runs), runs[0][2])
+                    print(f"{keys:>6} | " + floor_line(c, filled, floor, base), flush=True)
         for c in cases:
             if c.startswith("plain-") and c[len("plain-"):] in cases:
                 # A private case against the non-private pipeline publishing the same values.

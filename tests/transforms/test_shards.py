@@ -800,6 +800,31 @@ def test_the_scale_benchmark_gives_the_erm_cases_array_features_of_the_same_valu
     assert "ERM blocks of 2, features as NumPy arrays" in capsys.readouterr().out
 
 
+def test_the_scale_benchmark_floor_trains_the_models_the_transform_trains(capsys):
+    """benchmarks/scale.py --floor: the engine-free mechanism alone trains as many models on
+    the case's points as the transform releases (so the floor does the whole work of the
+    models, and no more), and a run prints its line with the bound of the ratio."""
+    module = _benchmark("scale")
+    keys, steps, block = 3, 8, 4
+    events = module.events_for(keys, steps)
+    wall, cpu, models = module.mechanism_seconds("erm-d10", keys, steps, events, erm_block=block)
+    assert wall > 0 and cpu > 0
+
+    def build(p):
+        stamped = p | beam.Create(events) | beam.Map(module._stamp)
+        return {"releases": (stamped | module.private_transform("erm-d10", keys, steps,
+                                                                 erm_block=block)).releases}
+
+    released = collect(batch_options(), build)["releases"]
+    # 16 points per key: blocks 1 to 4 of 4, the first model at the base of 2 blocks.
+    assert models == len(released) == keys * 3
+    module.main(["--keys", "2", "--steps", "8", "--repeats", "1", "--cases",
+                 "sharded,erm-d10,input,filled", "--floor", "--state-keys", "0"])
+    line = [row for row in capsys.readouterr().out.splitlines() if "mechanism alone" in row]
+    assert len(line) == 1 and "erm-d10 mechanism alone, no Beam (2 models)" in line[0]
+    assert "filled / (input + it)" in line[0]
+
+
 def test_the_lockstep_benchmark_checks_that_both_ways_release_the_same(capsys, monkeypatch):
     """benchmarks/lockstep.py: one row per case, and a run whose streams stepped together
     released other values than one by one is refused."""
