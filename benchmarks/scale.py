@@ -63,11 +63,11 @@ its weights, the worst case per point). ``--array-features`` makes the ERM cases
 among the cases, a line gives its share of the filled count's time and every case's
 time beyond it (the transform's own cost), and the ratios of those.
 
-``--floor`` adds a line per ERM case: the time of its mechanism alone, engine-free (no
-Beam), on the same points (:func:`mechanism_seconds`, medians of ``--repeats`` runs after
-the pipelines'), and the filled count's time over it, and over it plus the input stage when
-``input`` is among the cases: the best ratio any pipeline around that mechanism could
-reach.
+``--floor`` adds a line per ERM case and for ``mean``: the time of its mechanism alone,
+engine-free (no Beam), on the same events (:func:`mechanism_seconds`,
+:func:`mean_mechanism_seconds`; medians of ``--repeats`` runs after the pipelines'), and
+the filled count's time over it, and over it plus the input stage when ``input`` is among
+the cases: the best ratio any pipeline around that mechanism could reach.
 
 ``--gc`` adds a line with every case's seconds in Python's garbage collector (medians),
 and ``--gc-freeze`` moves the in-memory events (and whatever else exists by then: imported
@@ -114,7 +114,12 @@ from apache_beam.options.pipeline_options import PipelineOptions  # noqa: E402
 
 import dp_beam as dpb  # noqa: E402
 from dp_beam.mechanisms import BinaryTreeMechanism  # noqa: E402
+from dp_beam.mechanisms.continual_mean import (ContinualMeanCore, MeanLockstep,  # noqa: E402
+                                               UserState, contribution, user_hash)
 from dp_beam.mechanisms.erm import ContinualERMMechanism  # noqa: E402
+from dp_beam.mechanisms.noise_key import KeyedNoise  # noqa: E402
+from dp_beam.transforms.mean_aggregates import accumulator, merge_into  # noqa: E402
+from dp_beam.transforms.stream_keys import default_shards, shard_of  # noqa: E402
 
 HOUR = 3600.0
 CASES = ("per-key", "sharded", "sharded-blt", "sum", "user-count", "mean", "plain-mean", "erm-d10",
@@ -362,13 +367,54 @@ def mechanism_seconds(case, keys, steps, events, erm_block=ERM_BLOCK):
     return time.perf_counter() - wall, time.process_time() - cpu, models
 
 
+def mean_mechanism_seconds(keys, steps, events, max_users=None):
+    """``(wall seconds, CPU seconds, releases)`` of the mean case's mechanism alone on its
+    events, engine-free, the way the sharded release runs it at its fastest: every user's
+    samples in time order through the per-user schedule (``contribution``), merged per
+    (key, step), and each shard's streams (:func:`~dp_beam.transforms.stream_keys.default_shards`
+    of them, keys spread by the public hash) stepped together (``MeanLockstep``), every
+    stream and step drawing from its own keyed source. The per-user caps, the grouping
+    and the records are left out, so no pipeline with this mechanism takes less."""
+    transform = private_transform("mean", keys, steps, max_users)
+    params, lower, upper = transform.params, transform._lower, transform._upper
+    shards = default_shards(keys, bounded=True)
+    wall, cpu = time.perf_counter(), time.process_time()
+    users, rows = {}, {}
+    for e in sorted(events, key=lambda e: e[1]):
+        user = _user_of(e)
+        state = users.get(user)
+        if state is None:
+            state = users[user] = UserState(uhash=user_hash(user))
+        step = int(e[1] // HOUR)
+        agg = contribution(params, state, (e[2] - lower[0]) / (upper[0] - lower[0]), step=step)
+        row = rows.setdefault(e[0], {})
+        if step in row:
+            merge_into(row[step], agg)
+        else:
+            row[step] = merge_into(accumulator(), agg)
+    released = 0
+    for shard in range(shards):
+        names = [f"k{k}" for k in range(keys) if shard_of(f"k{k}", shards) == shard]
+        if not names:
+            continue
+        lock = MeanLockstep([ContinualMeanCore(params, lower, upper, transform._horizon)
+                             for _ in names])
+        for step in range(steps):
+            released += len(lock.step(
+                [rows.get(name, {}).get(step) for name in names],
+                [KeyedNoise(BENCH_KEY, ("scale-floor", name, step)) for name in names]))
+        lock.write_back()
+    return time.perf_counter() - wall, time.process_time() - cpu, released
+
+
 def floor_line(case, filled, floor, base=None):
     """The ``--floor`` line of an ERM case: its mechanism's time alone (:func:`mechanism_seconds`)
     and the ratios to the filled count it leaves at best, without and with the input stage
     (``base``) that every pipeline also runs. ``filled`` and ``floor`` are (wall, CPU)."""
     bound = (f", filled / (input + it) {filled[0] / (base + floor[0]):.2f}"
              if base is not None else "")
-    return (f"{case} mechanism alone, no Beam ({floor[2]:,} models): {floor[0]:.2f} s "
+    unit = "releases" if case == "mean" else "models"
+    return (f"{case} mechanism alone, no Beam ({floor[2]:,} {unit}): {floor[0]:.2f} s "
             f"({floor[1]:.2f}); at best filled / it {filled[0] / floor[0]:.2f} "
             f"({filled[1] / floor[1]:.2f}){bound}")
 
@@ -564,8 +610,9 @@ def main(argv=None):
             filled = (statistics.median(wall["filled"]), statistics.median(cpu["filled"]))
             base = statistics.median(wall["input"]) if "input" in cases else None
             for c in cases:
-                if c.startswith("erm-d"):
-                    runs = [mechanism_seconds(c, keys, args.steps, events, args.erm_block)
+                if c.startswith("erm-d") or c == "mean":
+                    runs = [mean_mechanism_seconds(keys, args.steps, events) if c == "mean"
+                            else mechanism_seconds(c, keys, args.steps, events, args.erm_block)
                             for _ in range(args.repeats)]
                     floor = (statistics.median(r[0] for r in runs),
                              statistics.median(r[1] for r in runs), runs[0][2])

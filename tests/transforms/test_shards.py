@@ -800,10 +800,11 @@ def test_the_scale_benchmark_gives_the_erm_cases_array_features_of_the_same_valu
     assert "ERM blocks of 2, features as NumPy arrays" in capsys.readouterr().out
 
 
-def test_the_scale_benchmark_floor_trains_the_models_the_transform_trains(capsys):
-    """benchmarks/scale.py --floor: the engine-free mechanism alone trains as many models on
-    the case's points as the transform releases (so the floor does the whole work of the
-    models, and no more), and a run prints its line with the bound of the ratio."""
+def test_the_scale_benchmark_floor_does_the_work_of_the_transforms(capsys):
+    """benchmarks/scale.py --floor: the engine-free ERM mechanism alone trains as many models
+    on the case's points as the transform releases (so the floor does the whole work of the
+    models, and no more), the mean's steps every stream at every step, and a run prints a
+    line per case with the bound of the ratio."""
     module = _benchmark("scale")
     keys, steps, block = 3, 8, 4
     events = module.events_for(keys, steps)
@@ -818,11 +819,16 @@ def test_the_scale_benchmark_floor_trains_the_models_the_transform_trains(capsys
     released = collect(batch_options(), build)["releases"]
     # 16 points per key: blocks 1 to 4 of 4, the first model at the base of 2 blocks.
     assert models == len(released) == keys * 3
+    # The mean's floor steps every stream at every step, as the release does.
+    assert module.mean_mechanism_seconds(keys, steps, events)[2] == keys * steps
     module.main(["--keys", "2", "--steps", "8", "--repeats", "1", "--cases",
-                 "sharded,erm-d10,input,filled", "--floor", "--state-keys", "0"])
-    line = [row for row in capsys.readouterr().out.splitlines() if "mechanism alone" in row]
-    assert len(line) == 1 and "erm-d10 mechanism alone, no Beam (2 models)" in line[0]
-    assert "filled / (input + it)" in line[0]
+                 "sharded,erm-d10,mean,input,filled", "--floor", "--state-keys", "0"])
+    lines = [row for row in capsys.readouterr().out.splitlines() if "mechanism alone" in row]
+    # In the order of --cases.
+    assert len(lines) == 2 and "erm-d10 mechanism alone, no Beam (2 models)" in lines[0]
+    assert "mean mechanism alone, no Beam (16 releases)" in lines[1]
+    assert all("filled / (input + it)" in line for line in lines)
+
 
 
 def test_the_lockstep_benchmark_checks_that_both_ways_release_the_same(capsys, monkeypatch):
