@@ -181,6 +181,8 @@ class PointBatch:
     def add(self, point: Tuple[float, Any, Sequence[float], Any]) -> None:
         """Appends one point."""
         ts, order, features, label = point
+        if type(self._features) is bytes:
+            self._writable()
         if self._orders is not None:
             self._orders.append(order)
         elif order != _PLAIN_ORDER:
@@ -194,9 +196,16 @@ class PointBatch:
         """Appends the points of ``other`` (left as it is), in their order."""
         if self._orders is not None or other._orders is not None:
             self._orders = self.orders() + other.orders()
+        if type(self._features) is bytes:
+            self._writable()
         self._times += other._times
         self._features += other._features
         self._labels.extend(other._labels)
+
+    def _writable(self) -> None:
+        """Own buffers to append to, in place of a wire form's byte strings (copied once)."""
+        self._times = bytearray(self._times)
+        self._features = bytearray(self._features)
 
     def wire(self) -> Tuple[bytes, Optional[List[Any]], bytes, List[Any]]:
         """``(times, order keys or None, features, labels)``, the buffers as bytes."""
@@ -212,12 +221,16 @@ class PointBatch:
 
     @classmethod
     def from_wire(cls, wire: Tuple[bytes, Optional[List[Any]], bytes, List[Any]]) -> "PointBatch":
-        """The batch of a :meth:`wire` form."""
+        """The batch of a :meth:`wire` form.
+
+        It reads the wire form's byte strings as they are (they cannot change) and copies them
+        only when points are added: a release reads a step's batch once, and a copy of every
+        step's features was one more copy of all the points of a shard in memory."""
         times, orders, features, labels = wire
         batch = cls()
-        batch._times += times
+        batch._times = bytes(times)
         batch._orders = None if orders is None else list(orders)
-        batch._features += features
+        batch._features = bytes(features)
         batch._labels = list(labels)
         return batch
 
@@ -233,8 +246,8 @@ class PointBatch:
         return list(self._orders) if self._orders is not None else [_PLAIN_ORDER] * len(self)
 
     def matrix(self) -> np.ndarray:
-        """The features as an ``(n, d)`` float64 array (read-only, over a copy of the buffer, so
-        the batch can still grow)."""
+        """The features as an ``(n, d)`` float64 array (read-only, over an immutable copy of the
+        buffer, so the batch can still grow; a wire form's bytes are that copy already)."""
         n = len(self)
         if not n:
             return np.zeros((0, 0))
@@ -267,12 +280,12 @@ PACK_MIN_VALUES = 128
 
 
 class PackPoints(CollectPoints):
-    """:class:`CollectPoints` whose wide accumulators leave a bundle packed: ``compact`` sends
-    a list of at least :data:`PACK_MIN_VALUES` feature values in the wire form of a
-    :class:`PointBatch`. The combine of every ERM transform: the per-key path's
-    ``CombinePerKey``, whose lifted partial combine compacts each bundle's accumulators
-    before the grouping, and the sharded release, which merges the partial lists of
-    :class:`PreparePointTotals`.
+    """:class:`CollectPoints` whose wide accumulators leave a bundle packed: an accumulator
+    becomes a :class:`PointBatch` once it holds :data:`PACK_MIN_VALUES` feature values, and
+    ``compact`` sends it (or a list that wide) in the batch's wire form. The combine of every
+    ERM transform: the per-key path's ``CombinePerKey``, whose lifted partial combine
+    compacts each bundle's accumulators before the grouping, and the sharded release, which
+    merges the partial lists of :class:`PreparePointTotals`.
 
     ``merge_accumulators`` and ``extract_output`` take every form (a list, a batch, a wire
     form) and leave their inputs as they are; lists alone merge into a list, anything else
@@ -280,13 +293,33 @@ class PackPoints(CollectPoints):
     depends on it: :meth:`~dp_beam.transforms.erm.ERMReleaseSpec.ordered`).
 
     >>> fn = PackPoints()
-    >>> a = fn.add_input(fn.create_accumulator(), (1.0, ((), None), (0.5,) * 128, 1))
+    >>> point = (1.0, ((), None), (0.5,) * 64, 1)
+    >>> a = fn.add_input(fn.create_accumulator(), point)
+    >>> type(a).__name__
+    'list'
+    >>> a = fn.add_input(a, point)      # 128 feature values: packed from here on
+    >>> type(a).__name__
+    'PointBatch'
     >>> wire = fn.compact(a)
     >>> type(wire).__name__, type(fn.extract_output(fn.merge_accumulators([wire, a]))).__name__
     ('tuple', 'PointBatch')
-    >>> list(fn.extract_output(wire)) == a
+    >>> list(fn.extract_output(wire)) == list(a) == [point, point]
     True
     """
+
+    def add_input(self, acc, point):
+        # A list that reaches the packing size is packed as it grows: the points' feature
+        # tuples are then freed as they come instead of living until the accumulator
+        # leaves (a bundle's table held up to MAX_BUNDLE_POINTS of them, about 3 KB each
+        # at d = 100).
+        if type(acc) is list:
+            acc.append(point)
+            if len(acc) * len(point[2]) >= PACK_MIN_VALUES:
+                return PointBatch.of(acc)
+            return acc
+        acc = _batch(acc)
+        acc.add(point)
+        return acc
 
     def merge_accumulators(self, accs):
         accs = list(accs)
@@ -298,6 +331,8 @@ class PackPoints(CollectPoints):
         return out
 
     def compact(self, acc):
+        if type(acc) is PointBatch:
+            return acc.wire()
         if type(acc) is list and acc and len(acc) * len(acc[0][2]) >= PACK_MIN_VALUES:
             return _batch(acc).wire()
         return acc

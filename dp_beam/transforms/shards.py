@@ -413,7 +413,10 @@ class BatchShardReleaseDoFn(beam.DoFn):
         logged = isinstance(inner, LoggedReleaseDoFn)
         firings = []
         for key in sorted(streams, key=lambda k: encode_identity((key_label(k),))):
-            entry, cells = streams[key]
+            # Taken out as it fires: a stream that fires alone (with a log) is done after
+            # its firing, and its buffered aggregates and log, a whole history of points
+            # for ERM, are then freed before the next stream's firing instead of all at the end.
+            entry, cells = streams.pop(key)
             # Bounded: a stream's timer is set once, at the end of its last
             # step, and its firing does not set another.
             due = entry.pop("timer", None)

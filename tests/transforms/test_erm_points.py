@@ -197,16 +197,23 @@ def test_pack_points_packs_wide_lists_and_merges_every_form_in_order_leaving_its
     monkeypatch.setattr(erm_points, "PACK_MIN_VALUES", 9)     # 3 points of d = 3 and more
     fn = PackPoints()
     a = fn.create_accumulator()
-    for point in POINTS[:3]:
+    for point in POINTS[:2]:
         a = fn.add_input(a, point)
+    assert a == POINTS[:2]
+    # The third point makes 9 values: the accumulator is packed from then on.
+    a = fn.add_input(a, POINTS[2])
+    assert type(a) is PointBatch and list(a) == POINTS[:3]
     b = fn.add_input(fn.create_accumulator(), POINTS[3])
     wire = fn.compact(a)
     assert type(wire) is tuple and fn.compact(b) is b and fn.compact([]) == []
-    assert fn.compact(wire) is wire
+    assert fn.compact(wire) is wire and fn.compact(POINTS[:3]) == wire
     merged = fn.merge_accumulators([b, wire, fn.create_accumulator(), a])
     assert type(merged) is PointBatch
     assert list(fn.extract_output(merged)) == POINTS[3:] + POINTS[:3] + POINTS[:3]
-    assert list(fn.extract_output(wire)) == POINTS[:3] == a and b == POINTS[3:]
+    assert list(fn.extract_output(wire)) == POINTS[:3] == list(a) and b == POINTS[3:]
+    # A packed accumulator takes more points in place, and a wire form as a new batch.
+    grown = fn.add_input(fn.compact(a), POINTS[3])
+    assert list(grown) == POINTS[:4] and list(fn.extract_output(wire)) == POINTS[:3]
     # Lists alone stay a list, as CollectPoints merges them.
-    assert fn.merge_accumulators([a, b]) == POINTS and fn.merge_accumulators([]) == []
+    assert fn.merge_accumulators([POINTS[:3], b]) == POINTS and fn.merge_accumulators([]) == []
     assert fn.extract_output(b) is b
