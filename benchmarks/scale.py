@@ -371,9 +371,9 @@ def mean_mechanism_seconds(keys, steps, events, max_users=None):
     """``(wall seconds, CPU seconds, releases)`` of the mean case's mechanism alone on its
     events, engine-free, the way the sharded release runs it at its fastest: every user's
     samples in time order through the per-user schedule (``contribution``), merged per
-    (key, step), and each shard's streams (:func:`~dp_beam.transforms.stream_keys.default_shards`
-    of them, keys spread by the public hash) stepped together (``MeanLockstep``), every
-    stream and step drawing from its own keyed source. The per-user caps, the grouping
+    (key, step), and each shard's streams stepped together (``MeanLockstep``; the shards of
+    :func:`~dp_beam.transforms.stream_keys.default_shards`, keys spread by the public hash),
+    every stream and step drawing from its own keyed source. The per-user caps, the grouping
     and the records are left out, so no pipeline with this mechanism takes less."""
     transform = private_transform("mean", keys, steps, max_users)
     params, lower, upper = transform.params, transform._lower, transform._upper
@@ -408,9 +408,10 @@ def mean_mechanism_seconds(keys, steps, events, max_users=None):
 
 
 def floor_line(case, filled, floor, base=None):
-    """The ``--floor`` line of an ERM case: its mechanism's time alone (:func:`mechanism_seconds`)
-    and the ratios to the filled count it leaves at best, without and with the input stage
-    (``base``) that every pipeline also runs. ``filled`` and ``floor`` are (wall, CPU)."""
+    """The ``--floor`` line of an ERM case or the mean: its mechanism's time alone
+    (:func:`mechanism_seconds`, :func:`mean_mechanism_seconds`) and the ratios to the filled
+    count it leaves at best, without and with the input stage (``base``) that every pipeline
+    also runs. ``filled`` is (wall, CPU), ``floor`` (wall, CPU, models or releases)."""
     bound = (f", filled / (input + it) {filled[0] / (base + floor[0]):.2f}"
              if base is not None else "")
     unit = "releases" if case == "mean" else "models"

@@ -689,7 +689,8 @@ def test_the_per_key_path_sends_wide_steps_packed_with_the_records_of_lists(monk
     # combine compacts each bundle's accumulators. With PackPoints a step of 4 points of
     # d = 40 (160 values) crosses the grouping packed; with CollectPoints as a list. The
     # records must be the same. (The streaming runner of these tests does not lift the
-    # combine: compact is not called there, and a step arrives as the list it was.)
+    # combine: compact is not called there, and a wide step arrives as the batch its
+    # accumulator became.)
     from dp_beam.transforms import erm as erm_module
     from dp_beam.transforms.erm_points import CollectPoints, PackPoints
     compact = PackPoints.compact
