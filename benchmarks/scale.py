@@ -226,6 +226,11 @@ class _Features:
         return self._vectors[int(event[2])]
 
 
+def _label(event):
+    """The ERM cases' class of an event: its value's parity."""
+    return int(event[2]) % 2
+
+
 class _PlainERM(beam.DoFn):
     """Non-private: a key's logistic model (L2 penalty λ‖θ‖², intercept) after every block of
     points, each fit on all points so far by L-BFGS-B, warm-started from the last model."""
@@ -240,7 +245,7 @@ class _PlainERM(beam.DoFn):
         events = sorted(events, key=lambda e: e[1])
         X = np.ones((len(events), self._dim + 1))
         X[:, :-1] = [self._features(e) for e in events]
-        y = np.array([float(int(e[2]) % 2) for e in events])
+        y = np.array([float(_label(e)) for e in events])
         theta = np.zeros(X.shape[1])
         for n in range(self._block, len(events) + 1, self._block):
             theta = optimize.minimize(_logistic, theta, args=(X[:n], y[:n]), jac=True,
@@ -278,8 +283,8 @@ def private_transform(case, keys, steps, max_users=None, erm_block=ERM_BLOCK, ar
                                  max_users=2 if max_users is None else max_users, **common)
     if case.startswith("erm-d"):
         dim = int(case[len("erm-d"):])
-        return dpb.ContinualERM(features_fn=_Features(dim, array_features),
-                                label_fn=lambda e: int(e[2]) % 2, classes=(0, 1), n_features=dim, feature_bound=1.0, lam=ERM_LAMBDA,
+        return dpb.ContinualERM(features_fn=_Features(dim, array_features), label_fn=_label,
+                                classes=(0, 1), n_features=dim, feature_bound=1.0, lam=ERM_LAMBDA,
                                 block_size=erm_block, base_size=2 * erm_block,
                                 timestamp_fn=lambda e: e[1], **common)
     raise ValueError(f"unknown case {case!r}")
@@ -353,7 +358,7 @@ def mechanism_seconds(case, keys, steps, events, erm_block=ERM_BLOCK):
     samplers). No Beam at all, so no pipeline releasing these models with this mechanism
     can take less: the filled count's time over this bounds the case's ratio (``--floor``)."""
     dim = int(case[len("erm-d"):])
-    config = private_transform(case, keys, steps, erm_block=erm_block)._config
+    config = private_transform(case, keys, steps, erm_block=erm_block).config
     features = _Features(dim)
     points = {}
     for e in events:
@@ -363,7 +368,7 @@ def mechanism_seconds(case, keys, steps, events, erm_block=ERM_BLOCK):
         key_events.sort(key=lambda e: e[1])
         stream = ContinualERMMechanism.from_config(config)
         models += len(stream.extend(np.array([features(e) for e in key_events]),
-                                    [int(e[2]) % 2 for e in key_events]))
+                                    [_label(e) for e in key_events]))
     return time.perf_counter() - wall, time.process_time() - cpu, models
 
 
