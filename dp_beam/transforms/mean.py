@@ -45,9 +45,9 @@ Keys (``key_fn=``; docs/privacy/mean.md M-9, M-11; AC-2, AC-3)
     events under further keys go to ``.invalid`` ("max_keys_per_user
     exceeded"). "First" is arrival order in a streaming run and event-time
     order in batch, ties between a user's events of the same event time broken
-    by key and value, so that a rerun keeps the same keys and samples (on
-    streaming input, events of one user with the same event time are taken in
-    the order they arrive). The privacy argument holds for any order: the
+    by key and value, so that a batch rerun keeps the same keys and samples (a
+    streaming run's arrival order may differ between runs, whatever the event
+    times). The privacy argument holds for any order: the
     choice for a user is made from that user's own events only, and afterwards
     the user touches at most k streams with at most m samples in each. Each stream is calibrated
     at ε/k (Laplace; with Gaussian noise at ρ/k, ρ = ρ(ε, δ)), so a user's

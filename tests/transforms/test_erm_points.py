@@ -214,6 +214,7 @@ def test_pack_points_packs_wide_lists_and_merges_every_form_in_order_leaving_its
     # A packed accumulator takes more points in place, and a wire form as a new batch.
     grown = fn.add_input(fn.compact(a), POINTS[3])
     assert list(grown) == POINTS[:4] and list(fn.extract_output(wire)) == POINTS[:3]
+    assert fn.add_input(a, POINTS[3]) is a and list(a) == POINTS[:4]
     # Lists alone stay a list, as CollectPoints merges them.
     assert fn.merge_accumulators([POINTS[:3], b]) == POINTS and fn.merge_accumulators([]) == []
     assert fn.extract_output(b) is b
