@@ -80,6 +80,16 @@ def normalize_key(value: Any, depth: int = 0) -> Tuple[Any, Optional[str]]:
     t = type(value)
     if t is str or t is int or value is None:
         return value, None
+    if t is tuple and depth < _MAX_DEPTH:
+        # A flat tuple of str, int and None (a composite user id, say) is its own
+        # normalised form: returned without the item-by-item rebuild below, which cost
+        # about as much as the rest of a user-level event's validation.
+        for item in value:
+            ti = type(item)
+            if ti is not str and ti is not int and item is not None:
+                break
+        else:
+            return value, None
     if isinstance(value, np.generic):
         if isinstance(value, np.datetime64) or isinstance(value, np.timedelta64):
             return None, f"a {t.__name__} (ids must be strings, numbers, bytes or tuples of these)"

@@ -19,7 +19,7 @@ from apache_beam.transforms.window import TimestampedValue
 
 import dp_beam as dpb
 from dp_beam.mechanisms import ZeroNoise
-from dp_beam.transforms.stream_keys import KV, StreamKeyCoder, normalize_key
+from dp_beam.transforms.stream_keys import _MAX_DEPTH, KV, StreamKeyCoder, normalize_key
 from tests.beam_util import batch_options, collect, streaming_options
 
 STEP = 3600.0
@@ -31,6 +31,8 @@ END = 4 * STEP
     (True, 1), (1.0, 1), (np.float32(0.5), 0.5), (-0.0, 0), (decimal.Decimal("2"), 2),
     (fractions.Fraction(1, 4), 0.25), (b"k", b"k"), (bytearray(b"k"), b"k"),
     (("a", np.int64(1), None), ("a", 1, None)), (np.array(3), 3), (10 ** 40, 10 ** 40),
+    # A flat tuple of str, int and None is returned as it is; a bool in one is still an int.
+    (("a", 1, None), ("a", 1, None)), (("a", True), ("a", 1)), (("a", 1.0), ("a", 1)),
 ])
 def test_normalize_key_gives_one_python_value_per_equal_id(value, expected):
     key, err = normalize_key(value)
@@ -55,6 +57,18 @@ class _Frozen:
 def test_normalize_key_names_what_cannot_be_an_id(value, fragment):
     key, err = normalize_key(value)
     assert key is None and fragment in err
+
+
+def test_normalize_key_keeps_tuple_items_types_and_the_depth_limit():
+    key, _ = normalize_key(("a", True))
+    assert type(key[1]) is int
+    # The flat tuple innermost in the deepest allowed nesting is an id; one level more is not.
+    value = ("a", 1)
+    for _ in range(_MAX_DEPTH - 1):
+        value = (value,)
+    assert normalize_key(value) == (value, None)
+    key, err = normalize_key((value,))
+    assert key is None and "nested deeper" in err
 
 
 def test_pandas_missing_values_are_not_ids():
