@@ -2,14 +2,27 @@
 
 import collections
 import itertools
+import types
 
 import apache_beam as beam
 from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions
+from apache_beam.transforms.window import GlobalWindow
+from apache_beam.utils.timestamp import Timestamp
+from apache_beam.utils.windowed_value import WindowedValue
 
 # Module-level so that DoFns pickled by reference append to the same lists; the
 # runners used in tests execute in this process.
 _SINKS = collections.defaultdict(list)
 _IDS = itertools.count()
+
+
+def windowed_at(seconds=None):
+    """What a DoFn's ``WindowedValueParam`` holds for an element at ``seconds``, for driving a
+    validating DoFn directly (``None``: no Beam timestamp, for stages that read the event
+    time with ``timestamp_fn``)."""
+    if seconds is None:
+        return types.SimpleNamespace(timestamp_micros=None)
+    return WindowedValue(None, Timestamp.of(seconds), (GlobalWindow(),))
 
 
 def batch_options():

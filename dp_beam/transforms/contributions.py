@@ -23,7 +23,8 @@ from apache_beam.utils.timestamp import Timestamp
 from dp_beam.records import InvalidElement
 from dp_beam.transforms.events import (CAPPED, INVALID, NAMESPACE, UNBOUNDED_LATENESS,
                                        PrepareEvents)
-from dp_beam.transforms.steps import BundleTotals, BundleUserEvents, global_element
+from dp_beam.transforms.steps import (BundleTotals, BundleUserEvents, global_element,
+                                     timestamp_of_micros)
 from dp_beam.transforms.stream_keys import KV
 
 __all__ = ["BoundContributions", "BoundContributionsBatch", "capped", "capped_records",
@@ -113,10 +114,6 @@ class BoundContributions(_UserBound):
 MAX_BUNDLE_EVENTS = 1 << 16
 
 
-def _timestamp_of_micros(micros):
-    return Timestamp(micros=micros)
-
-
 @beam.typehints.with_output_types(KV)
 class PrepareUserEventsBatch(BundleUserEvents, PrepareEvents):
     """:class:`~dp_beam.transforms.events.PrepareEvents` with ``user_fn`` for bounded input: the
@@ -130,15 +127,16 @@ class PrepareUserEventsBatch(BundleUserEvents, PrepareEvents):
     :data:`MAX_BUNDLE_EVENTS` events, in the global window at the earliest of their times.
     """
 
-    _stamp = staticmethod(_timestamp_of_micros)
+    _stamp = staticmethod(timestamp_of_micros)
 
     def _user_events_bound(self):
         return MAX_BUNDLE_EVENTS
 
-    def process(self, element, timestamp=beam.DoFn.TimestampParam, declared=None):
-        ts, key, user, value, err = self._prepare(element, timestamp, declared)
+    def process(self, element, windowed=beam.DoFn.WindowedValueParam, declared=None):
+        micros = windowed.timestamp_micros
+        ts, key, user, value, err = self._prepare(element, micros, declared)
         if err:
-            return (self._reject(element, err, timestamp),)
+            return (self._reject(element, err, micros),)
         # Timestamp(seconds) keeps int(seconds · 10^6) microseconds.
         micros = int(ts * 1_000_000)
         return self._gather(user, (key, value, micros), micros)

@@ -70,32 +70,33 @@ class PreparePoints(ValidatingDoFn):
         self._seed = seed
         self._clipped = Metrics.counter(NAMESPACE, f"{transform}.clipped")
 
-    def process(self, element, timestamp=beam.DoFn.TimestampParam, declared=None):
-        out = self._point(element, timestamp, declared)
+    def process(self, element, windowed=beam.DoFn.WindowedValueParam, declared=None):
+        micros = windowed.timestamp_micros
+        out = self._point(element, micros, declared)
         if type(out) is tuple:
             key, point = out
             return (beam.window.TimestampedValue((key, point), point[0]),)
         return (out,)
 
-    def _point(self, element, timestamp, declared):
+    def _point(self, element, micros, declared):
         """``(key, (ts, (id, tiebreak), features, label))`` of a valid ``element``, else its
         dead letter."""
-        ts, key, err = self._time_and_key(element, timestamp, declared)
+        ts, key, err = self._time_and_key(element, micros, declared)
         if err:
-            return self._reject(element, err, timestamp)
+            return self._reject(element, err, micros)
         event_id = ()
         if self._id_fn is not None:
             raw_id, err = self._call("id_fn", self._id_fn, element)
             if not err:
                 event_id, err = id_key(raw_id)
             if err:
-                return self._reject(element, err, timestamp)
+                return self._reject(element, err, micros)
         features, err = self._features(self._features_fn, self._d, element)
         if err:
-            return self._reject(element, err, timestamp)
+            return self._reject(element, err, micros)
         label, err = self._call("label_fn", self._label_fn, element)
         if err:
-            return self._reject(element, err, timestamp)
+            return self._reject(element, err, micros)
         try:
             index = self._class_index.get(label)
         except TypeError:
@@ -103,7 +104,7 @@ class PreparePoints(ValidatingDoFn):
             index = None
         if index is None:
             return self._reject(
-                element, f"label {label!r:.80} is not one of classes {self._classes!r}", timestamp)
+                element, f"label {label!r:.80} is not one of classes {self._classes!r}", micros)
         label = self._classes[index]
         # hypot does not overflow where the sum of squares would (a huge vector
         # would otherwise be scaled to zero instead of to the bound).
@@ -374,8 +375,9 @@ class PreparePointTotals(BundleTotals, PreparePoints):
         super().__init__(*args, **kwargs)
         self._init_totals(PackPoints(), step_micros, shards, MAX_BUNDLE_POINTS)
 
-    def process(self, element, timestamp=beam.DoFn.TimestampParam, declared=None):
-        out = self._point(element, timestamp, declared)
+    def process(self, element, windowed=beam.DoFn.WindowedValueParam, declared=None):
+        micros = windowed.timestamp_micros
+        out = self._point(element, micros, declared)
         if type(out) is tuple:
             key, point = out
             # Timestamp(seconds) keeps int(seconds · 10^6) microseconds.

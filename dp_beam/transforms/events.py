@@ -253,10 +253,11 @@ class ValidatingDoFn(beam.DoFn):
         self._transient_count = Metrics.counter(NAMESPACE, f"{transform}.transient_errors")
         self._time_lo, self._time_hi = self._accepted_times()
 
-    def _reject(self, element, reason, timestamp=None):
-        """The dead letter of ``element`` (``timestamp``: its Beam timestamp, part of its id)."""
+    def _reject(self, element, reason, micros=None):
+        """The dead letter of ``element`` (``micros``: its Beam timestamp in microseconds, part
+        of its id)."""
         self._invalid.inc()
-        ts = None if timestamp is None else timestamp.micros / 1e6
+        ts = None if micros is None else micros / 1e6
         return pvalue.TaggedOutput(INVALID, InvalidElement.of(self._transform, reason, element, ts))
 
     def _call(self, name, fn, element):
@@ -322,11 +323,11 @@ class ValidatingDoFn(beam.DoFn):
             features.append(x)
         return features, None
 
-    def _event_time(self, element, timestamp):
+    def _event_time(self, element, micros):
         """``(seconds, None)``, or ``(None, reason)`` when the event time is unusable (not yet
         checked against Beam's range and the schedule: :meth:`_time_error`)."""
         if self._timestamp_fn is None:
-            return timestamp.micros / 1e6, None
+            return micros / 1e6, None
         raw, err = self._call("timestamp_fn", self._timestamp_fn, element)
         if err:
             return None, err
@@ -445,12 +446,12 @@ class ValidatingDoFn(beam.DoFn):
                         f"divided by {factor:g}): timestamp_fn must return seconds")
         return err
 
-    def _time_and_key(self, element, timestamp, side=None):
+    def _time_and_key(self, element, micros, side=None):
         """``(seconds, key, None)``, or ``(None, None, reason)``: every transform's first checks.
 
         The event time must fall in a released step of the public schedule.
         """
-        ts, err = self._event_time(element, timestamp)
+        ts, err = self._event_time(element, micros)
         if err is None and not self._time_lo <= ts < self._time_hi:
             # The common case in two comparisons (_accepted_times); outside, the reason.
             err = self._time_error(ts)
@@ -508,19 +509,20 @@ class PrepareEvents(ValidatingDoFn):
         finite = all(type(b) in (int, float) and -math.inf < b < math.inf for b in (lower, upper))
         self._fast_lower, self._fast_upper = (lower, upper) if finite else (math.inf, -math.inf)
 
-    def process(self, element, timestamp=beam.DoFn.TimestampParam, declared=None):
-        ts, key, user, value, err = self._prepare(element, timestamp, declared)
+    def process(self, element, windowed=beam.DoFn.WindowedValueParam, declared=None):
+        micros = windowed.timestamp_micros
+        ts, key, user, value, err = self._prepare(element, micros, declared)
         if err:
-            yield self._reject(element, err, timestamp)
+            yield self._reject(element, err, micros)
         elif self._user_fn is None:
             yield beam.window.TimestampedValue((key, value), ts)
         else:
             yield beam.window.TimestampedValue((user, (key, value)), ts)
 
-    def _prepare(self, element, timestamp, declared):
+    def _prepare(self, element, micros, declared):
         """``(seconds, key, user, value, None)`` of a valid element (``user`` None without
         ``user_fn``), or ``(None, None, None, None, reason)``."""
-        ts, key, err = self._time_and_key(element, timestamp, declared)
+        ts, key, err = self._time_and_key(element, micros, declared)
         if err:
             return None, None, None, None, err
         user = None

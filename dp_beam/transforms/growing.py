@@ -80,15 +80,16 @@ class _PrepareRecords(ValidatingDoFn):
         super().__init__(transform, key_fn, timestamp_fn, schedule, keys, transient_errors)
         self._universe_fn, self._n_cells = universe_fn, universe_size
 
-    def process(self, element, timestamp=beam.DoFn.TimestampParam, declared=None):
-        ts, key, err = self._time_and_key(element, timestamp, declared)
+    def process(self, element, windowed=beam.DoFn.WindowedValueParam, declared=None):
+        micros = windowed.timestamp_micros
+        ts, key, err = self._time_and_key(element, micros, declared)
         if not err:
             cell, err = self._call("universe_fn", self._universe_fn, element)
         if not err and (isinstance(cell, (bool, np.bool_)) or not isinstance(cell, numbers.Integral)
                         or not 0 <= int(cell) < self._n_cells):
             err = f"universe_fn returned {cell!r:.60}, not a cell index in [0, {self._n_cells})"
         if err:
-            yield self._reject(element, err, timestamp)
+            yield self._reject(element, err, micros)
             return
         yield beam.window.TimestampedValue((key, (_RECORD, int(cell))), ts)
 
@@ -104,8 +105,9 @@ class _PrepareQueries(ValidatingDoFn):
         self._query_fn, self._id_fn = query_fn, query_id_fn
         self._n_cells, self._histograms = universe_size, histograms
 
-    def process(self, element, timestamp=beam.DoFn.TimestampParam, declared=None):
-        ts, key, err = self._time_and_key(element, timestamp, declared)
+    def process(self, element, windowed=beam.DoFn.WindowedValueParam, declared=None):
+        micros = windowed.timestamp_micros
+        ts, key, err = self._time_and_key(element, micros, declared)
         if not err:
             raw, err = (element, None) if self._query_fn is None else self._call(
                 "query_fn", self._query_fn, element)
@@ -127,7 +129,7 @@ class _PrepareQueries(ValidatingDoFn):
             if not err:
                 order, err = id_key(qid)
         if err:
-            yield self._reject(element, err, timestamp)
+            yield self._reject(element, err, micros)
             return
         if self._id_fn is None:
             content = b"histogram" if isinstance(query, str) else query.tobytes()

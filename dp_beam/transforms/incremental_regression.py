@@ -160,22 +160,23 @@ class _EncodePoints(ValidatingDoFn):
             self._clipped.inc()
         return x, y
 
-    def process(self, element, timestamp=beam.DoFn.TimestampParam, declared=None):
-        ts, key, err = self._time_and_key(element, timestamp, declared)
+    def process(self, element, windowed=beam.DoFn.WindowedValueParam, declared=None):
+        micros = windowed.timestamp_micros
+        ts, key, err = self._time_and_key(element, micros, declared)
         if err:
-            yield self._reject(element, err, timestamp)
+            yield self._reject(element, err, micros)
             return
         x, norm, err = self._feature_vector(element)
         if err:
-            yield self._reject(element, err, timestamp)
+            yield self._reject(element, err, micros)
             return
         raw_label, err = self._call("label_fn", self._label_fn, element)
         if err:
-            yield self._reject(element, err, timestamp)
+            yield self._reject(element, err, micros)
             return
         label, err = as_real(raw_label)
         if err:
-            yield self._reject(element, f"label {err}", timestamp)
+            yield self._reject(element, f"label {err}", micros)
             return
         z, y = self._clip(x, norm, label)
         if self._phi is not None:

@@ -29,7 +29,7 @@ from dp_beam.transforms.contributions import capped, capped_records, event_order
 from dp_beam.transforms.events import INVALID, NAMESPACE, TRANSIENT_ERRORS, ValidatingDoFn, as_real
 from dp_beam.transforms.keys import UNITS
 from dp_beam.transforms.mean_aggregates import PackedSamples, compacted, merge_into
-from dp_beam.transforms.steps import BundleUserEvents, by_shard, shard_count
+from dp_beam.transforms.steps import BundleUserEvents, by_shard, shard_count, timestamp_of_micros
 from dp_beam.transforms.stream_keys import KV, StreamKey
 
 __all__ = ["PrepareMeanEvents", "PrepareMeanEventsBatch", "WithholdRelease", "WithholdReleaseBatch",
@@ -94,24 +94,25 @@ class PrepareMeanEvents(ValidatingDoFn):
             self._clamped.inc()
         return (out[0] if d == 1 else tuple(out)), None
 
-    def _checked(self, element, timestamp, declared):
+    def _checked(self, element, micros, declared):
         """``(user, (key, value, ts))`` of a valid ``element``, else its dead letter."""
-        ts, key, err = self._time_and_key(element, timestamp, declared)
+        ts, key, err = self._time_and_key(element, micros, declared)
         if err:
-            return self._reject(element, err, timestamp)
+            return self._reject(element, err, micros)
         user, err = self._user(element, self._user_fn)
         if err:
-            return self._reject(element, err, timestamp)
+            return self._reject(element, err, micros)
         raw, err = self._call("value_fn", self._value_fn, element)
         if err:
-            return self._reject(element, err, timestamp)
+            return self._reject(element, err, micros)
         value, err = self._value(raw)
         if err:
-            return self._reject(element, err, timestamp)
+            return self._reject(element, err, micros)
         return user, (key, value, ts)
 
-    def process(self, element, timestamp=beam.DoFn.TimestampParam, declared=None):
-        out = self._checked(element, timestamp, declared)
+    def process(self, element, windowed=beam.DoFn.WindowedValueParam, declared=None):
+        micros = windowed.timestamp_micros
+        out = self._checked(element, micros, declared)
         if type(out) is tuple:
             return (beam.window.TimestampedValue(out, out[1][2]),)
         return (out,)
@@ -135,15 +136,19 @@ class PrepareMeanEventsBatch(BundleUserEvents, PrepareMeanEvents):
     the earliest Beam timestamp among them. Dead letters leave at once, as before.
     """
 
+    # The events are gathered at their Beam timestamps' microseconds.
+    _stamp = staticmethod(timestamp_of_micros)
+
     def _user_events_bound(self):
         return MAX_BUNDLE_EVENTS
 
-    def process(self, element, timestamp=beam.DoFn.TimestampParam, declared=None):
-        out = self._checked(element, timestamp, declared)
+    def process(self, element, windowed=beam.DoFn.WindowedValueParam, declared=None):
+        micros = windowed.timestamp_micros
+        out = self._checked(element, micros, declared)
         if type(out) is not tuple:
             return (out,)
         user, event = out
-        return self._gather(user, event, timestamp)
+        return self._gather(user, event, micros)
 
 
 def _micros(ts: Any) -> int:

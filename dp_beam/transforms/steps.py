@@ -17,7 +17,7 @@ from dp_beam.transforms.stream_keys import KV, StreamKey, shard_of
 
 __all__ = ["BundleTotals", "BundleUserEvents", "by_shard", "EventStepTotals", "global_element",
            "in_global_window", "KeyByStep", "MAX_BUNDLE_TOTALS", "PrepareStepTotals", "shard_count",
-           "StepEnd", "StepOf", "StepTotals", "per_step", "UserEvents"]
+           "StepEnd", "StepOf", "StepTotals", "per_step", "timestamp_of_micros", "UserEvents"]
 
 
 @beam.typehints.with_output_types(Tuple[StreamKey, Any])
@@ -51,6 +51,12 @@ def global_element(value: Any, timestamp: Timestamp) -> WindowedValue:
 
 def _same_time(when):
     return when
+
+
+def timestamp_of_micros(micros: int) -> Timestamp:
+    """The Beam timestamp of ``micros`` microseconds: the stamp of events gathered at the
+    ``timestamp_micros`` of their windowed values (:class:`BundleUserEvents` ``_stamp``)."""
+    return Timestamp(micros=micros)
 
 
 class UserEvents:
@@ -268,11 +274,12 @@ class PrepareStepTotals(BundleTotals, PrepareEvents):
                              "bounded between validation and the totals)")
         self._init_totals(combine_fn, step_micros, shards)
 
-    def process(self, element, timestamp=beam.DoFn.TimestampParam, declared=None):
+    def process(self, element, windowed=beam.DoFn.WindowedValueParam, declared=None):
+        micros = windowed.timestamp_micros
         # Returns its outputs (a generator per event would cost more than the addition).
-        ts, key, _, value, err = self._prepare(element, timestamp, declared)
+        ts, key, _, value, err = self._prepare(element, micros, declared)
         if err:
-            return (self._reject(element, err, timestamp),)
+            return (self._reject(element, err, micros),)
         # Timestamp(seconds) keeps int(seconds · 10^6) microseconds.
         return self._totals.add(key, int(ts * 1_000_000), value)
 

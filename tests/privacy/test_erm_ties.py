@@ -34,7 +34,7 @@ from dp_beam.transforms.erm_points import PointBatch, PreparePoints, reproducibl
 from dp_beam.mechanisms import SeededNoise, ZeroNoise
 from dp_beam.mechanisms import erm as mech
 from dp_beam.mechanisms.erm import l2_laplace_noise
-from tests.beam_util import batch_options, collect
+from tests.beam_util import batch_options, collect, windowed_at
 
 STEP = 10.0
 TS = 5.0            # the event time of every point of the tie group
@@ -276,7 +276,7 @@ def _prepare(reproducible=False, seed=None, id_fn=None):
         timestamp_fn=lambda e: e["ts"], id_fn=id_fn, reproducible=reproducible, seed=seed)
 
     def run(element):
-        (out,) = list(dofn.process(element, timestamp=None))
+        (out,) = list(dofn.process(element, windowed=windowed_at()))
         return out
     return run
 

@@ -6,7 +6,7 @@ from apache_beam.utils.timestamp import Timestamp
 
 from dp_beam.transforms.contributions import BoundContributions, CountCapped
 from dp_beam.transforms.events import CAPPED
-from tests.beam_util import batch_options, collect
+from tests.beam_util import batch_options, collect, windowed_at
 from tests.fake_state import Cell
 
 STEP_MICROS = 10_000_000
@@ -139,7 +139,7 @@ def test_batch_validation_gathers_a_bundles_events_per_user(monkeypatch):
     events = [{"k": "a", "u": "x", "ts": 5.0}, {"k": "b", "u": "y", "ts": 2.5},
               {"k": "a", "u": None, "ts": 1.0}, {"k": "b", "u": "x", "ts": 7.0},
               {"k": "a", "u": "y", "ts": 9.0}]
-    outs = [list(dofn.process(e, timestamp=None)) for e in events]
+    outs = [list(dofn.process(e, windowed=windowed_at())) for e in events]
     # The event without a user leaves at once; the third valid event sends the table on.
     assert outs[0] == outs[1] == outs[4] == [] and outs[2][0].tag == INVALID
     assert sorted(wv.value for wv in outs[3]) == [

@@ -11,6 +11,7 @@ from apache_beam import coders, pvalue
 from dp_beam.transforms.erm_points import (CollectPoints, PackPoints, PointBatch, PreparePoints,
                                            reproducible_tiebreak)
 from dp_beam.transforms.events import INVALID
+from tests.beam_util import windowed_at
 
 TS = 12.0
 
@@ -18,7 +19,7 @@ TS = 12.0
 def _prepare(**kwargs):
     dofn = PreparePoints("erm", lambda e: e["x"], lambda e: e["y"], 2, ("no", "yes"), 1.0,
                          timestamp_fn=lambda e: e["ts"], **kwargs)
-    return lambda element: list(dofn.process(element, timestamp=None))
+    return lambda element: list(dofn.process(element, windowed=windowed_at()))
 
 
 def test_a_valid_event_becomes_a_keyed_timestamped_point():
@@ -121,7 +122,7 @@ def test_point_totals_gather_a_bundles_points_per_key_and_step_by_shard(monkeypa
         key_fn=lambda e: e["k"], timestamp_fn=lambda e: e["ts"], step_micros=10_000_000, shards=2)
     dofn.start_bundle()
     point = {"x": [0.1, 0.2], "y": "no"}
-    outs = [list(dofn.process({**point, "ts": ts, "k": k}, timestamp=None))
+    outs = [list(dofn.process({**point, "ts": ts, "k": k}, windowed=windowed_at()))
             for ts, k in ((1.0, "a"), (2.0, "a"), (15.0, "b"))]
     # Nothing leaves before the third point; then the table, one element per shard.
     assert outs[0] == outs[1] == []
@@ -133,9 +134,9 @@ def test_point_totals_gather_a_bundles_points_per_key_and_step_by_shard(monkeypa
                                      (2.0, ((), None), (0.1, 0.2), "no")])),
         (shard_of("b", 2), ("b", 1, [(15.0, ((), None), (0.1, 0.2), "no")]))])
     # A dead letter leaves at once; the rest waits for the end of the bundle.
-    (bad,) = dofn.process({"ts": 3.0, "k": "a", "x": [0.1], "y": "no"}, timestamp=None)
+    (bad,) = dofn.process({"ts": 3.0, "k": "a", "x": [0.1], "y": "no"}, windowed=windowed_at())
     assert bad.tag == INVALID
-    assert list(dofn.process({**point, "ts": 4.0, "k": "a"}, timestamp=None)) == []
+    assert list(dofn.process({**point, "ts": 4.0, "k": "a"}, windowed=windowed_at())) == []
     (last,) = list(dofn.finish_bundle())
     assert last.value == (shard_of("a", 2), [("a", 0, [(4.0, ((), None), (0.1, 0.2), "no")])])
     # Wide steps leave packed: here from 4 feature values, two points of d = 2.
@@ -146,7 +147,7 @@ def test_point_totals_gather_a_bundles_points_per_key_and_step_by_shard(monkeypa
         key_fn=lambda e: e["k"], timestamp_fn=lambda e: e["ts"], step_micros=10_000_000, shards=2)
     dofn.start_bundle()
     for ts in (1.0, 2.0, 15.0):
-        assert list(dofn.process({**point, "ts": ts, "k": "a"}, timestamp=None)) == []
+        assert list(dofn.process({**point, "ts": ts, "k": "a"}, windowed=windowed_at())) == []
     (wv,) = list(dofn.finish_bundle())
     shard, entries = wv.value
     assert shard == shard_of("a", 2) and [type(e[2]) for e in entries] == [tuple, list]

@@ -19,7 +19,7 @@ from dp_beam.io import dumps
 from dp_beam.mechanisms import ZeroNoise
 from dp_beam.records import InvalidElement
 from dp_beam.transforms.events import TRANSIENT_ERRORS, as_real, event_seconds
-from tests.beam_util import batch_options, collect, streaming_options
+from tests.beam_util import batch_options, collect, streaming_options, windowed_at
 
 UTC = datetime.timezone.utc
 HOUR = 3600.0
@@ -348,10 +348,9 @@ def _prepare(**kw):
 
 def _outputs(fn, element, timestamp=7):
     from apache_beam import pvalue
-    from apache_beam.utils.timestamp import Timestamp
 
     return [("invalid", o.value) if isinstance(o, pvalue.TaggedOutput) else ("ok", o)
-            for o in fn.process(element, Timestamp.of(timestamp))]
+            for o in fn.process(element, windowed_at(timestamp))]
 
 
 def test_prepare_events_outputs_user_key_and_clamped_value_at_the_event_time():
@@ -473,8 +472,8 @@ def _stamped(**kw):
 
 
 def _at(micros):
-    from apache_beam.utils.timestamp import Timestamp
-    return Timestamp(micros=micros)
+    """The event time argument of the validating helpers: a Beam timestamp's microseconds."""
+    return micros
 
 
 @pytest.mark.parametrize("step, start, end", [
@@ -526,7 +525,7 @@ def test_element_timestamps_far_out_get_the_unit_hint(micros, end, fragments):
     err = fn._prepare({"k": "a"}, _at(micros), None)[-1]
     assert all(f in (err or "") for f in fragments) and (err is None) == (not fragments), err
     # An element created without a timestamp sits at Beam's minimum.
-    err = fn._prepare({"k": "a"}, MIN_TIMESTAMP, None)[-1]
+    err = fn._prepare({"k": "a"}, MIN_TIMESTAMP.micros, None)[-1]
     assert err.startswith("event time missing or out of range")
 
 
@@ -638,3 +637,45 @@ def test_user_functions_on_the_common_path_keep_the_error_policy():
     # Out of the schedule, the key function is not called at all.
     fn = _stamped(key_fn=down)
     assert "before start" in fn._prepare({"k": "a", "v": 1.0}, _at(0), None)[-1]
+
+
+class _BothTimes(beam.DoFn):
+    def process(self, element, windowed=beam.DoFn.WindowedValueParam):
+        yield element, windowed.timestamp_micros
+
+
+class _TimestampMicros(beam.DoFn):
+    def process(self, element, timestamp=beam.DoFn.TimestampParam):
+        yield element, timestamp.micros
+
+
+@pytest.mark.parametrize("options", [batch_options, streaming_options])
+def test_the_windowed_value_holds_the_microseconds_of_the_element_timestamp(options):
+    """The validating stages read ``WindowedValueParam.timestamp_micros`` where they read
+    ``TimestampParam.micros`` before (one Timestamp object per event fewer): the same int for
+    times before the epoch, fractions of a microsecond (truncated) and Beam's extremes."""
+    times = [-86_400.5, -1e-7, 0.0, 2.9999999e-6, 1.5, 1_700_000_000.123457, 1e12]
+    stamped = [beam.window.TimestampedValue(i, t) for i, t in enumerate(times)]
+
+    def build(p):
+        events = p | beam.Create(stamped)
+        return {"windowed": events | "Windowed" >> beam.ParDo(_BothTimes()),
+                "timestamp": events | "Timestamp" >> beam.ParDo(_TimestampMicros())}
+
+    out = collect(options(), build)
+    assert sorted(out["windowed"]) == sorted(out["timestamp"])
+    assert len(out["windowed"]) == len(times)
+    # Exactly what Timestamp keeps of each time, element by element.
+    from apache_beam.utils.timestamp import Timestamp
+    assert sorted(out["windowed"]) == [(i, Timestamp.of(t).micros) for i, t in enumerate(times)]
+
+
+def test_the_dofn_parameters_benchmark_runs_every_kind(capsys):
+    """benchmarks/dofn_params.py: one line per way of reading the time, one figure per round."""
+    from tests.transforms.test_shards import _benchmark
+
+    _benchmark("dofn_params").main(["--elements", "50", "--repeats", "2"])
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert [line.split(":")[0].strip() for line in lines] == [
+        "element only", "TimestampParam", "WindowedValueParam"]
+    assert all(line.count(",") == 1 for line in lines)

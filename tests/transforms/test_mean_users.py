@@ -20,7 +20,7 @@ from dp_beam.transforms.mean_aggregates import MergeAggregates, accumulator, mer
 from dp_beam.transforms.mean_users import (PrepareMeanEvents, WithholdRelease,
                                            WithholdReleaseBatch, WithholdReleaseTotals)
 from dp_beam.transforms.stream_keys import shard_of
-from tests.beam_util import batch_options
+from tests.beam_util import batch_options, windowed_at
 
 STEP_MICROS = 10_000_000     # 10-second steps
 M = 4
@@ -292,20 +292,20 @@ def _prepare(**kw):
 
 def test_prepare_clamps_each_coordinate_and_dead_letters_bad_values():
     fn = _prepare()
-    (ok,) = fn.process({"u": "a", "ts": 3.0, "v": np.array([3.0, -1.0])}, timestamp=Timestamp(0))
+    (ok,) = fn.process({"u": "a", "ts": 3.0, "v": np.array([3.0, -1.0])}, windowed=windowed_at(0))
     assert ok.value == ("a", (None, (1.0, 0.0), Timestamp.of(3.0))) and ok.timestamp == 3.0
     for value, reason in (([0.5], "value has 1 coordinates, expected 2"),
                           ([0.5, float("nan")], "coordinate 1: value is NaN"),
                           (0.5, "not a sequence of 2 real numbers: float")):
-        (bad,) = fn.process({"u": "a", "ts": 3.0, "v": value}, timestamp=Timestamp(0))
+        (bad,) = fn.process({"u": "a", "ts": 3.0, "v": value}, windowed=windowed_at(0))
         assert bad.tag == INVALID and bad.value.reason == reason
-    (bad,) = fn.process({"u": None, "ts": 3.0, "v": [0.5, 0.5]}, timestamp=Timestamp(0))
+    (bad,) = fn.process({"u": None, "ts": 3.0, "v": [0.5, 0.5]}, windowed=windowed_at(0))
     assert bad.tag == INVALID
 
 
 def test_prepare_scalar_values_keep_their_float_and_are_clamped():
     fn = _prepare(lower=[0.0], upper=[1.0])
-    outs = [fn.process({"u": "a", "ts": 1.0, "v": v}, timestamp=Timestamp(0))
+    outs = [fn.process({"u": "a", "ts": 1.0, "v": v}, windowed=windowed_at(0))
             for v in (0.25, 7.0, -2, np.float64(0.5))]
     assert [next(iter(o)).value[1][1] for o in outs] == [0.25, 1.0, 0.0, 0.5]
 
@@ -323,10 +323,10 @@ def test_batch_prepare_gathers_each_users_events_in_arrival_order(monkeypatch, m
     gather.start_bundle()
     one, gathered, dead = {}, [], []
     for i, e in enumerate(events):
-        for out in single.process(e, timestamp=Timestamp(i)):
+        for out in single.process(e, windowed=windowed_at(i)):
             if not isinstance(out, pvalue.TaggedOutput):
                 one.setdefault(out.value[0], []).append(out.value[1])
-        for out in gather.process(e, timestamp=Timestamp(i)):
+        for out in gather.process(e, windowed=windowed_at(i)):
             if isinstance(out, pvalue.TaggedOutput):
                 dead.append(out)
             else:

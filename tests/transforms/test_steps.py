@@ -10,7 +10,7 @@ from apache_beam.utils.timestamp import Timestamp
 from dp_beam.transforms import steps
 from dp_beam.transforms.steps import (EventStepTotals, KeyByStep, PrepareStepTotals, StepEnd,
                                       StepOf, StepTotals, in_global_window, per_step)
-from tests.beam_util import batch_options, collect
+from tests.beam_util import batch_options, collect, windowed_at
 
 STEP = 10.0
 MICROS = 10_000_000
@@ -99,9 +99,9 @@ def test_prepare_step_totals_validates_like_prepare_events():
     fused.start_bundle()
     events = [("a", 3e-06, 1.0), ("a", 9.999999, 9.0), ("c", 1.0, 1.0), ("b", 120.0, 1.0),
               ("b", 1.0, "x"), ("b", 10.0, 2.0)]
-    ts = Timestamp(micros=0)
+    at = windowed_at(0)
     for e in events:
-        got, want = list(fused.process(e, ts)), list(plain.process(e, ts))
+        got, want = list(fused.process(e, at)), list(plain.process(e, at))
         if want and hasattr(want[0], "tag"):
             assert [g.value.reason for g in got] == [w.value.reason for w in want]
         else:
