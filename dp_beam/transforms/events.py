@@ -231,6 +231,11 @@ class ValidatingDoFn(beam.DoFn):
     runner to retry the bundle. Keys and users are normalised
     (:func:`~dp_beam.transforms.stream_keys.normalize_key`) before they leave.
     Counts rejections in the ``<transform>.invalid`` metric.
+
+    The helpers take the element's Beam timestamp as an int of microseconds: a
+    subclass's ``process`` reads it as ``timestamp_micros`` of a
+    ``DoFn.WindowedValueParam``, because a ``DoFn.TimestampParam`` makes Beam build a
+    ``Timestamp`` object per event (``benchmarks/dofn_params.py``).
     """
 
     def __init__(self, transform: str, key_fn: Optional[Callable[[Any], Any]] = None,
