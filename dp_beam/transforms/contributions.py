@@ -215,7 +215,7 @@ class BoundContributionsBatch(BundleTotals, _UserBound):
             if self._lifted:
                 yield from self._totals.add(key, micros, value)
             else:
-                yield global_element((key, value), Timestamp(micros=micros))
+                yield global_element((key, value), timestamp_of_micros(micros))
         for record in capped_records(self._transform, over):
             yield pvalue.TaggedOutput(INVALID, record)
 

@@ -226,7 +226,7 @@ def select_keys(units: beam.PCollection, private_keys: PrivateKeys, schedule: Sc
 class EventUnits(beam.DoFn):
     """Event-level selection: every valid event is its own unit → ``(key, event time)``."""
 
-    def process(self, element, timestamp=beam.DoFn.TimestampParam):
+    def process(self, element, windowed=beam.DoFn.WindowedValueParam):
         key, _ = element
-        yield key, timestamp.micros / 1e6
+        yield key, windowed.timestamp_micros / 1e6
 

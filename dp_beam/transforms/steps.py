@@ -28,9 +28,9 @@ class KeyByStep(beam.DoFn):
     def __init__(self, step_micros: int) -> None:
         self._step_micros = step_micros
 
-    def process(self, element, timestamp=beam.DoFn.TimestampParam):
+    def process(self, element, windowed=beam.DoFn.WindowedValueParam):
         key, value = element
-        yield (key, timestamp.micros // self._step_micros), value
+        yield (key, windowed.timestamp_micros // self._step_micros), value
 
 
 #: Partial totals one bundle holds before it emits them: bounds a bundle's memory, while
@@ -250,9 +250,9 @@ class EventStepTotals(BundleTotals, beam.DoFn):
     def __init__(self, combine_fn: beam.CombineFn, step_micros: int, shards: int) -> None:
         self._init_totals(combine_fn, step_micros, shards)
 
-    def process(self, element, timestamp=beam.DoFn.TimestampParam):
+    def process(self, element, windowed=beam.DoFn.WindowedValueParam):
         key, value = element
-        return self._totals.add(key, timestamp.micros, value)
+        return self._totals.add(key, windowed.timestamp_micros, value)
 
 
 @beam.typehints.with_output_types(Tuple[int, List[Tuple[StreamKey, int, Any]]])

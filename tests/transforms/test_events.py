@@ -471,11 +471,6 @@ def _stamped(**kw):
     return fn
 
 
-def _at(micros):
-    """The event time argument of the validating helpers: a Beam timestamp's microseconds."""
-    return micros
-
-
 @pytest.mark.parametrize("step, start, end", [
     (10.0, 20, 70), (3600.0, 0, 72 * 3600.0), (1e-6, 5e-6, 9e-6), (0.001, 1e9, 2e9),
     (604800.0, -1e9, 1e9), (3600.0, T0, None), (1.0, 2e11, None)])
@@ -495,7 +490,7 @@ def test_element_timestamps_are_accepted_exactly_in_the_released_steps(step, sta
         in_steps = schedule.start_step <= step_of and (schedule.end_step is None
                                                       or step_of < schedule.end_step)
         plausible = micros / 1e6 < 1e11 or start >= 1e11
-        ts, key, _, value, err = fn._prepare({"k": "a"}, _at(micros), None)
+        ts, key, _, value, err = fn._prepare({"k": "a"}, micros, None)
         if in_steps and plausible:
             assert (ts, key, value, err) == (micros / 1e6, "a", 1.0, None), micros
         else:
@@ -522,7 +517,7 @@ def test_element_timestamps_far_out_get_the_unit_hint(micros, end, fragments):
     from dp_beam.transforms.schedule import resolve_schedule
 
     fn = _stamped(value_fn=None, schedule=resolve_schedule(60.0, T0, end), keys=["a"])
-    err = fn._prepare({"k": "a"}, _at(micros), None)[-1]
+    err = fn._prepare({"k": "a"}, micros, None)[-1]
     assert all(f in (err or "") for f in fragments) and (err is None) == (not fragments), err
     # An element created without a timestamp sits at Beam's minimum.
     err = fn._prepare({"k": "a"}, MIN_TIMESTAMP.micros, None)[-1]
@@ -547,7 +542,7 @@ def test_keys_on_element_timestamps_are_normalised_or_rejected_with_the_reason(r
         return e["k"]
 
     fn = _stamped(key_fn=key_fn)
-    ts, key, _, value, err = fn._prepare({"k": raw, "v": 1.0}, _at(30_000_000), None)
+    ts, key, _, value, err = fn._prepare({"k": raw, "v": 1.0}, 30_000_000, None)
     if err is None:
         assert key == expected and type(key) is type(expected) and (ts, value) == (30.0, 1.0)
         # The declared instance is returned, not the event's own object.
@@ -561,16 +556,16 @@ def test_a_runtime_built_key_is_returned_as_the_declared_instance():
     fn = _stamped(keys=[declared])
     event_key = "".join(["k", "1"])
     assert event_key is not declared
-    assert fn._prepare({"k": event_key, "v": 1.0}, _at(30_000_000), None)[1] is declared
+    assert fn._prepare({"k": event_key, "v": 1.0}, 30_000_000, None)[1] is declared
     # Read from the side input: the same, and side keys that cannot be keys open nothing.
     side = [declared, np.str_("k2"), float("nan"), [1]]
     fn = _stamped(keys=None)
-    assert fn._prepare({"k": event_key, "v": 1.0}, _at(30_000_000), side)[1] is declared
-    key = fn._prepare({"k": "k2", "v": 1.0}, _at(30_000_000), side)[1]
+    assert fn._prepare({"k": event_key, "v": 1.0}, 30_000_000, side)[1] is declared
+    key = fn._prepare({"k": "k2", "v": 1.0}, 30_000_000, side)[1]
     assert key == "k2" and type(key) is str
-    assert fn._prepare({"k": float("nan"), "v": 1.0}, _at(30_000_000), side)[-1] == (
+    assert fn._prepare({"k": float("nan"), "v": 1.0}, 30_000_000, side)[-1] == (
         "key_fn returned NaN (a missing value, not an id)")
-    assert fn._prepare({"k": "k3", "v": 1.0}, _at(30_000_000), side)[-1] == (
+    assert fn._prepare({"k": "k3", "v": 1.0}, 30_000_000, side)[-1] == (
         "undeclared key 'k3' (not in keys)")
 
 
@@ -594,7 +589,7 @@ def test_values_on_the_common_path_keep_the_checks_and_the_clamping(raw, expecte
 
     for lower, upper in ((0.0, 4.0), (0, 4), (np.float64(0.0), np.float64(4.0))):
         fn = _stamped(value_fn=value_fn, lower=lower, upper=upper)
-        ts, key, _, value, err = fn._prepare({"k": "a", "v": raw}, _at(30_000_000), None)
+        ts, key, _, value, err = fn._prepare({"k": "a", "v": raw}, 30_000_000, None)
         assert fn._clamped.n == clamped
         if isinstance(expected, str):
             assert (ts, key, value, err) == (None, None, None, expected)
@@ -608,9 +603,9 @@ def test_values_with_infinite_or_giant_bounds_are_still_checked():
     for lower, upper in ((0.0, float("inf")), (-float("inf"), float("inf")), (-10 ** 400, 10 ** 400)):
         fn = _stamped(lower=lower, upper=upper)
         for raw in (float("inf"), -float("inf")):
-            err = fn._prepare({"k": "a", "v": raw}, _at(30_000_000), None)[-1]
+            err = fn._prepare({"k": "a", "v": raw}, 30_000_000, None)[-1]
             assert err == "value is infinite"
-        assert fn._prepare({"k": "a", "v": 1e300}, _at(30_000_000), None)[3] == 1e300
+        assert fn._prepare({"k": "a", "v": 1e300}, 30_000_000, None)[3] == 1e300
 
 
 def test_user_functions_on_the_common_path_keep_the_error_policy():
@@ -623,20 +618,20 @@ def test_user_functions_on_the_common_path_keep_the_error_policy():
     for name in ("key_fn", "value_fn"):
         fn = _stamped(**{name: down})
         with pytest.raises(ConnectionError, match="lookup service unavailable"):
-            fn._prepare({"k": "a", "v": 1.0}, _at(30_000_000), None)
+            fn._prepare({"k": "a", "v": 1.0}, 30_000_000, None)
         assert fn._transient_count.n == 1
         fn = _stamped(transient_errors=(), **{name: down})
-        assert fn._prepare({"k": "a", "v": 1.0}, _at(30_000_000), None)[-1] == (
+        assert fn._prepare({"k": "a", "v": 1.0}, 30_000_000, None)[-1] == (
             f"{name} raised ConnectionError: lookup service unavailable")
         assert fn._transient_count.n == 0
         # Not an Exception: never a dead letter, whatever transient_errors says.
         for transient in ((), TRANSIENT_ERRORS):
             with pytest.raises(KeyboardInterrupt):
                 _stamped(transient_errors=transient, **{name: interrupted})._prepare(
-                    {"k": "a", "v": 1.0}, _at(30_000_000), None)
+                    {"k": "a", "v": 1.0}, 30_000_000, None)
     # Out of the schedule, the key function is not called at all.
     fn = _stamped(key_fn=down)
-    assert "before start" in fn._prepare({"k": "a", "v": 1.0}, _at(0), None)[-1]
+    assert "before start" in fn._prepare({"k": "a", "v": 1.0}, 0, None)[-1]
 
 
 class _BothTimes(beam.DoFn):

@@ -6,6 +6,7 @@ import pytest
 from apache_beam.testing.util import assert_that, equal_to
 from apache_beam.transforms.window import GlobalWindow, IntervalWindow, TimestampedValue
 from apache_beam.utils.timestamp import Timestamp
+from apache_beam.utils.windowed_value import WindowedValue
 
 from dp_beam.transforms import steps
 from dp_beam.transforms.steps import (EventStepTotals, KeyByStep, PrepareStepTotals, StepEnd,
@@ -19,15 +20,15 @@ MICROS = 10_000_000
 @pytest.mark.parametrize("seconds, step", [(0.0, 0), (9.999999, 0), (10.0, 1), (25.0, 2),
                                            (-0.000001, -1)])
 def test_step_totals_and_key_by_step_use_the_epoch_aligned_grid(seconds, step):
-    ts = Timestamp(micros=round(seconds * 1e6))
+    windowed = WindowedValue(None, Timestamp(micros=round(seconds * 1e6)), (GlobalWindow(),))
     totals = EventStepTotals(beam.combiners.CountCombineFn(), MICROS, shards=1)
     totals.start_bundle()
-    assert list(totals.process(("k", 3.0), ts)) == []
+    assert list(totals.process(("k", 3.0), windowed)) == []
     (out,) = totals.finish_bundle()
     assert out.value == (0, [("k", step, 1)])
     assert out.timestamp == Timestamp(micros=(step + 1) * MICROS - 1)
     assert out.windows == (GlobalWindow(),)
-    assert list(KeyByStep(MICROS).process(("k", 3.0), ts)) == [(("k", step), 3.0)]
+    assert list(KeyByStep(MICROS).process(("k", 3.0), windowed)) == [(("k", step), 3.0)]
 
 
 def test_step_totals_merge_a_bundle_per_key_and_step_and_flush_when_full(monkeypatch):
