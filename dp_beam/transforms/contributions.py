@@ -18,7 +18,6 @@ from apache_beam.coders import PickleCoder, VarIntCoder
 from apache_beam.metrics import Metrics
 from apache_beam.transforms.userstate import ReadModifyWriteStateSpec
 from apache_beam.transforms.window import FixedWindows, GlobalWindows
-from apache_beam.utils.timestamp import Timestamp
 
 from dp_beam.records import InvalidElement
 from dp_beam.transforms.events import (CAPPED, INVALID, NAMESPACE, UNBOUNDED_LATENESS,
