@@ -90,21 +90,22 @@ class BoundContributions(_UserBound):
     COUNT = ReadModifyWriteStateSpec("contributions", VarIntCoder())
     KEYS = ReadModifyWriteStateSpec("keys", PickleCoder())
 
-    def process(self, element, timestamp=beam.DoFn.TimestampParam,
+    def process(self, element, windowed=beam.DoFn.WindowedValueParam,
                 count=beam.DoFn.StateParam(COUNT), keys=beam.DoFn.StateParam(KEYS)):
         user, (key, value) = element
+        micros = windowed.timestamp_micros
         used = count.read() or 0
         if used >= self._cap:
-            yield self._past_cap(user, key, value, timestamp.micros)
+            yield self._past_cap(user, key, value, micros)
             return
         if self._max_keys is not None:
             seen = keys.read() or ()
             if key not in seen:
                 if len(seen) >= self._max_keys:
-                    yield self._past_keys(user, key, value, timestamp.micros)
+                    yield self._past_keys(user, key, value, micros)
                     return
                 keys.write(seen + (key,))
-                yield pvalue.TaggedOutput("units", (key, timestamp.micros / 1e6))
+                yield pvalue.TaggedOutput("units", (key, micros / 1e6))
         count.write(used + 1)
         yield key, value
 

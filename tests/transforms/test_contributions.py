@@ -2,7 +2,6 @@
 
 import apache_beam as beam
 from apache_beam import pvalue
-from apache_beam.utils.timestamp import Timestamp
 
 from dp_beam.transforms.contributions import BoundContributions, CountCapped
 from dp_beam.transforms.events import CAPPED
@@ -30,7 +29,7 @@ def _run(dofn, events):
     cells, outs = {}, []
     for user, kv, seconds in events:
         count, keys = cells.setdefault(user, (Cell(), Cell()))
-        outs += list(dofn.process((user, kv), Timestamp.of(seconds), count, keys))
+        outs += list(dofn.process((user, kv), windowed_at(seconds), count, keys))
     kept, capped, units = _split(outs, CAPPED)
     return kept, [tv.value for tv in capped], units
 
