@@ -46,9 +46,10 @@ per-key path and its ``BagState`` log.
 """
 
 import itertools
-from typing import Any, Dict, NamedTuple, Optional, Tuple
+from typing import Any, Dict, FrozenSet, NamedTuple, Optional, Tuple
 
 import apache_beam as beam
+from apache_beam import pvalue
 from apache_beam.coders import PickleCoder
 from apache_beam.transforms.timeutil import TimeDomain
 from apache_beam.transforms.userstate import ReadModifyWriteStateSpec, TimerSpec, on_timer
@@ -64,7 +65,11 @@ from dp_beam.transforms.schedule import NotAdmitted, StreamStart
 from dp_beam.transforms.stream_keys import KEYS_PER_SHARD, default_shards, shard_of
 
 __all__ = ["shard_of", "default_shards", "ShardedReleaseDoFn", "BatchShardReleaseDoFn",
-           "KEYS_PER_SHARD"]
+           "AbsentShardReleaseDoFn", "KEYS_PER_SHARD", "RELEASED_SHARDS"]
+
+#: The output of :class:`BatchShardReleaseDoFn` given the markers as a side input: the
+#: shards it released.
+RELEASED_SHARDS = "released_shards"
 
 
 class _Cell:
@@ -398,8 +403,15 @@ class BatchShardReleaseDoFn(beam.DoFn):
             for step, acc in steps.items():
                 yield key, (step, extract(acc))
 
-    def process(self, element):
-        _, values = element
+    def process(self, element, markers=None):
+        """``markers`` (a side input; only with ``combine_fn``): the stream markers of every
+        shard, ``{shard: [(key, step, marker), ...]}`` (:meth:`~dp_beam.transforms.schedule.
+        DeclaredKeys.shard_seeds`), for a grouping of the partial totals alone; the shard
+        then also goes to :data:`RELEASED_SHARDS`, for :class:`AbsentShardReleaseDoFn`."""
+        shard, values = element
+        if markers is not None:
+            values = itertools.chain((markers.get(shard, ()),), values)
+            yield pvalue.TaggedOutput(RELEASED_SHARDS, shard)
         inner = self._inner
         # Each stream's entry and its stand-in cells, made once per stream (not per aggregate).
         streams: Dict[Any, Tuple[Dict[str, Any], tuple]] = {}
@@ -432,3 +444,29 @@ class BatchShardReleaseDoFn(beam.DoFn):
         # The streams that release the same steps (on bounded input, every declared key's)
         # are released step by step together, where the spec can step them as one.
         yield from inner._fire_together(firings, final=True)
+
+
+class AbsentShardReleaseDoFn(BatchShardReleaseDoFn):
+    """The release of the shards that no partial total reached, for
+    :class:`BatchShardReleaseDoFn` given its markers as a side input.
+
+    Input: the routed markers ``(shard, [(key, step, marker), ...])``, one element per shard
+    that has streams; side input: the shards the grouped release released
+    (:data:`RELEASED_SHARDS`). A shard among them is skipped; any other is released from its
+    markers alone, so its streams release every step of the schedule with empty aggregates,
+    as they would have through the grouping. Together the two release every shard that has
+    streams exactly once, whatever the data.
+    """
+
+    def __init__(self, inner: OrderedReleaseDoFn, combine_fn: beam.CombineFn) -> None:
+        super().__init__(inner, combine_fn)
+        self._seen: Optional[Tuple[Any, FrozenSet[int]]] = None
+
+    def process(self, element, released):
+        shard, markers = element
+        # The side input is the same object for every element of a bundle: one set per bundle.
+        if self._seen is None or self._seen[0] is not released:
+            self._seen = (released, frozenset(released))
+        if shard in self._seen[1]:
+            return
+        yield from super().process((shard, [markers]))

@@ -27,7 +27,8 @@ from dp_beam.transforms.release_spec import (ACCOUNTING, PLAN_ATTRIBUTE, Continu
                                              ReleaseSpec)
 from dp_beam.transforms.schedule import (DeclaredKeys, Schedule, StreamStart, resolve_keys,
                                          resolve_schedule)
-from dp_beam.transforms.shards import BatchShardReleaseDoFn, ShardedReleaseDoFn, default_shards
+from dp_beam.transforms.shards import (RELEASED_SHARDS, AbsentShardReleaseDoFn, BatchShardReleaseDoFn,
+                                      ShardedReleaseDoFn, default_shards)
 from dp_beam.transforms.stream_keys import KV, shard_of
 
 __all__ = ["seconds", "check_horizon", "set_release_options", "private_keys", "validation", "raw_steps",
@@ -145,13 +146,17 @@ def release_streams(transform: beam.PTransform, events: beam.PCollection,
                     aggregates: beam.PCollection, spec: ReleaseSpec, entry: LedgerEntry,
                     invalids: Iterable[beam.PCollection], *,
                     units: Optional[beam.PCollection] = None, unit: str = "event",
-                    combine_fn: Optional[beam.CombineFn] = None) -> ContinualResult:
+                    combine_fn: Optional[beam.CombineFn] = None,
+                    markers_aside: bool = False) -> ContinualResult:
     """Opens the public (or privately selected) streams and releases them in step order.
 
     ``units`` are the ``(key, event time)`` signals of first contributions,
     required with private key selection; ``unit`` names its privacy unit.
     ``combine_fn``: ``aggregates`` are partial accumulators ``(key, (step, accumulator))``
     of that fn, merged by the release (only when :func:`raw_steps`).
+    ``markers_aside``: with ``combine_fn`` and a declared list of keys, the stream markers
+    reach the release as a side input instead of being flattened with the totals (see
+    ``_release_totals``; for totals far larger than the releases, as ERM's points are).
     """
     schedule = transform._schedule
     bounded = events.is_bounded
@@ -170,7 +175,7 @@ def release_streams(transform: beam.PTransform, events: beam.PCollection,
         # Already in the shape of the routed totals: one element per shard, not per key.
         seeds = declared.shard_seeds(events.pipeline, schedule.start_step, common["shards"])
         return release_in_order(aggregates, spec, (entry,), invalids, seeds=seeds,
-                                routed_seeds=True, **common)
+                                routed_seeds=True, markers_aside=markers_aside, **common)
     if isinstance(declared, DeclaredKeys):
         seeds = declared.seeds(events.pipeline, schedule.start_step)
     else:
@@ -187,7 +192,7 @@ def release_in_order(aggregates: beam.PCollection, spec: ReleaseSpec, plan: Iter
                      extra_accounting: Iterable[beam.PCollection] = (),
                      allowed_lateness: Optional[float] = None, shards: int = 0,
                      combine_fn: Optional[beam.CombineFn] = None,
-                     routed_seeds: bool = False) -> ContinualResult:
+                     routed_seeds: bool = False, markers_aside: bool = False) -> ContinualResult:
     """Applies the ordered release to per-step aggregates; the common tail of every transform.
 
     ``aggregates`` are ``(key, (step, aggregate))`` in the global window and
@@ -217,7 +222,8 @@ def release_in_order(aggregates: beam.PCollection, spec: ReleaseSpec, plan: Iter
     [(key, step, accumulator), ...])``
     (:class:`~dp_beam.transforms.steps.StepTotals`), merged per (key, step)
     in the release's own grouping; ``routed_seeds`` says that ``seeds`` are routed the
-    same way (:meth:`~dp_beam.transforms.schedule.DeclaredKeys.shard_seeds`).
+    same way (:meth:`~dp_beam.transforms.schedule.DeclaredKeys.shard_seeds`), and
+    ``markers_aside`` (with ``routed_seeds``) that they reach the release as a side input.
     """
     schedule.require_end(bounded, spec.transform)
     if combine_fn is not None and not (shards and bounded):
@@ -229,7 +235,7 @@ def release_in_order(aggregates: beam.PCollection, spec: ReleaseSpec, plan: Iter
                       noise_key=noise_key, allowed_lateness=allowed_lateness)
     if combine_fn is not None:
         released = _release_totals(aggregates, seeds, release_fn, shards, combine_fn,
-                                   routed_seeds)
+                                   routed_seeds, markers_aside)
         return _result(released, plan, invalids, extra_releases, extra_accounting)
     opened = (aggregates, seeds) | "Open" >> beam.Flatten().with_output_types(KV)
     if shards and (bounded or not spec.uses_log):
@@ -263,11 +269,34 @@ def _seed_entries(kv, shards):
     return shard_of(key, shards), [(key, step, marker)]
 
 
-def _release_totals(totals, seeds, release_fn, shards, combine_fn, routed_seeds=False):
+def _release_totals(totals, seeds, release_fn, shards, combine_fn, routed_seeds=False,
+                    markers_aside=False):
     """The timer-free release of bounded partial totals that arrive routed to their shards
     (:class:`~dp_beam.transforms.steps.StepTotals`): the stream markers join them in the
     same shape (routed here unless ``routed_seeds``), and one grouping per shard brings
-    each shard its whole input."""
+    each shard its whole input.
+
+    ``markers_aside`` (with ``routed_seeds``): the totals are grouped alone and the markers
+    reach the release as a side input, the shards without totals being released by
+    :class:`~dp_beam.transforms.shards.AbsentShardReleaseDoFn`. A ``Flatten`` of the totals
+    with the markers is a copy of all the totals in the in-process runner (it writes a
+    flatten's inputs to a buffer and reads them back before the grouping), which costs
+    where the totals are large (ERM's points); the two releases' outputs are flattened
+    instead, which costs little where releases are few."""
+    if markers_aside:
+        if not routed_seeds:
+            raise ValueError("markers_aside needs routed_seeds")
+        grouped = (totals
+                   | "GroupShard" >> beam.GroupByKey()
+                   | "Release" >> beam.ParDo(BatchShardReleaseDoFn(release_fn, combine_fn),
+                                             markers=beam.pvalue.AsDict(seeds)).with_outputs(
+                       ACCOUNTING, INVALID, RELEASED_SHARDS, main="releases"))
+        absent = seeds | "ReleaseAbsent" >> beam.ParDo(
+            AbsentShardReleaseDoFn(release_fn, combine_fn),
+            beam.pvalue.AsList(grouped[RELEASED_SHARDS])).with_outputs(
+                ACCOUNTING, INVALID, main="releases")
+        return {tag: (grouped[tag], absent[tag]) | f"Merge{tag.capitalize()}" >> beam.Flatten()
+                for tag in ("releases", ACCOUNTING, INVALID)}
     routed = seeds if routed_seeds else seeds | "ShardSeeds" >> beam.Map(
         _seed_entries, shards).with_output_types(Tuple[int, Any])
     return ((totals, routed)
@@ -281,7 +310,7 @@ def _result(released, plan, invalids, extra_releases, extra_accounting):
     """The :class:`ContinualResult` of the release's outputs flattened with the other ones, the
     plan attached to its accounting."""
     invalid = tuple(invalids) + (released[INVALID],) | "Invalid" >> beam.Flatten()
-    releases = released.releases
+    releases = released["releases"]
     if extra_releases:
         releases = (releases,) + tuple(extra_releases) | "Releases" >> beam.Flatten()
     accounting = released[ACCOUNTING]

@@ -648,6 +648,23 @@ def test_a_steps_points_as_a_batch_release_what_the_list_of_them_releases(cls, a
                   for _ in range(size)]
         points += points[:size // 4]                        # identical points
         steps.append(points)
+    # Wide steps with no tie-breaker to draw, ordered from the batch's times and order keys
+    # alone: distinct times; one time with distinct ids; one time with the test modes'
+    # tie-breakers (ints).
+    steps.append([(30.0 + i % 5 + i / 10, ((), None), (0.5 - 0.1 * i, 0.25), "ab"[i % 2])
+                  for i in range(10)])
+    steps.append([(40.0, ((9 - i,), None), (0.1 * i, -0.25), "ab"[i % 3 == 0]) for i in range(9)])
+    steps.append([(50.0, ((), 1000 - 7 * i), (0.05 * i, 0.5), "ab"[i % 2])
+                  for i in range(9)])
+    fast = []
+    batch_order = spec._batch_order
+
+    def spy(batch):
+        order = batch_order(batch)
+        fast.append(order is not None)
+        return order
+
+    monkeypatch.setattr(spec, "_batch_order", spy)
     records, states = {}, {}
     for form in ("list", "batch"):
         source = KeyedNoise(KEY, ("erm", "k"))
@@ -668,6 +685,7 @@ def test_a_steps_points_as_a_batch_release_what_the_list_of_them_releases(cls, a
             out += list(spec.release(mechanism, "k", step, aggregate))
         records[form], states[form] = out, mechanism.to_state()
     assert len(records["list"]) >= 10
+    assert sum(fast) == 3 and len(fast) == 7                # 4 wide steps with ties drawn
     assert repr(records["batch"]) == repr(records["list"])
     assert repr(states["batch"]) == repr(states["list"])
 

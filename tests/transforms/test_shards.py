@@ -267,6 +267,37 @@ def test_batch_sharded_erm_with_keys_from_a_pcollection_equals_per_key_erm():
     assert run(2) == per_key
 
 
+@pytest.mark.parametrize("with_points", [True, False], ids=["one-key", "no-events"])
+def test_batch_sharded_erm_releases_the_shards_that_no_point_reached(with_points):
+    """ERM's sharded release groups the points alone and reads the stream markers as a side
+    input; the shards that no point reached are released from their markers by a second
+    ParDo. Every declared key still has its ledger entry, and the records are the per-key
+    path's: with points for one key only (three shards without any), and with none at all."""
+    keys, steps, shards = 8, 6, 4
+    declared = [f"k{k}" for k in range(keys)]
+    assert len({shard_of(k, shards) for k in declared}) == shards
+    events = [("k1", s * HOUR + 60.0 * j, float(j)) for s in range(steps) for j in range(3)]
+    events = events if with_points else []
+
+    def run(n):
+        def build(p):
+            res = (p | beam.Create(events, reshuffle=False) | beam.Map(_stamp)
+                   | dpb.ContinualERM(features_fn=lambda e: [e[2] / 5.0, 0.5],
+                                      label_fn=lambda e: int(e[2]) % 2, classes=(0, 1),
+                                      n_features=2, feature_bound=1.0, lam=0.1, block_size=4,
+                                      base_size=8, epsilon=1.0, step=HOUR, start=0,
+                                      end=steps * HOUR, key_fn=lambda e: e[0], keys=declared,
+                                      noise_key=KEY, shards=n))
+            return {"releases": res.releases, "accounting": res.accounting, "invalid": res.invalid}
+
+        out = collect(batch_options(), build)
+        return tuple(sorted(repr(r) for r in out[name]) for name in ("releases", "accounting", "invalid"))
+
+    per_key = run(0)
+    assert bool(per_key[0]) == with_points and len(per_key[1]) == keys
+    assert run(shards) == per_key
+
+
 @pytest.mark.parametrize("pack_from", [None, 1, 4], ids=["lists", "packed", "mixed"])
 def test_batch_sharded_erm_merges_a_steps_points_from_many_partial_lists(pack_from, monkeypatch):
     """Bounded input: each bundle sends a step's points on in lists (at most MAX_BUNDLE_POINTS
