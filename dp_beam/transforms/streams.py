@@ -230,6 +230,8 @@ def release_in_order(aggregates: beam.PCollection, spec: ReleaseSpec, plan: Iter
         raise ValueError("combine_fn needs the sharded release of bounded input")
     if routed_seeds and combine_fn is None:
         raise ValueError("routed_seeds needs combine_fn")
+    if markers_aside and not routed_seeds:
+        raise ValueError("markers_aside needs routed_seeds")
     dofn = LoggedReleaseDoFn if spec.uses_log else OrderedReleaseDoFn
     release_fn = dofn(spec, bounded=bounded, late=late, seed=seed, end_step=schedule.end_step,
                       noise_key=noise_key, allowed_lateness=allowed_lateness)
@@ -284,8 +286,6 @@ def _release_totals(totals, seeds, release_fn, shards, combine_fn, routed_seeds=
     where the totals are large (ERM's points); the two releases' outputs are flattened
     instead, which costs little where releases are few."""
     if markers_aside:
-        if not routed_seeds:
-            raise ValueError("markers_aside needs routed_seeds")
         grouped = (totals
                    | "GroupShard" >> beam.GroupByKey()
                    | "Release" >> beam.ParDo(BatchShardReleaseDoFn(release_fn, combine_fn),

@@ -241,6 +241,23 @@ def test_batch_sharded_user_level_count_equals_per_key_count(selection):
     assert run(2) == per_key
 
 
+def _erm_records(events, steps, shards, declared, features_fn):
+    """Sorted reprs of the (releases, ledger, invalid) of a ``ContinualERM`` (blocks of 4, base
+    8) over ``events``; ``declared``: its keys, or a function of the pipeline that makes them."""
+    def build(p):
+        keys = declared(p) if callable(declared) else declared
+        res = (p | beam.Create(events) | beam.Map(_stamp)
+               | dpb.ContinualERM(features_fn=features_fn, label_fn=lambda e: int(e[2]) % 2,
+                                  classes=(0, 1), n_features=2, feature_bound=1.0, lam=0.1,
+                                  block_size=4, base_size=8, epsilon=1.0, step=HOUR, start=0,
+                                  end=steps * HOUR, key_fn=lambda e: e[0], keys=keys,
+                                  noise_key=KEY, shards=shards))
+        return {"releases": res.releases, "accounting": res.accounting, "invalid": res.invalid}
+
+    out = collect(batch_options(), build)
+    return tuple(sorted(repr(r) for r in out[name]) for name in ("releases", "accounting", "invalid"))
+
+
 def test_batch_sharded_erm_with_keys_from_a_pcollection_equals_per_key_erm():
     # Keys known only at run time: their stream markers are routed to the shards in the
     # pipeline, beside the bundles' lists of points (a declared key without events too).
@@ -248,19 +265,10 @@ def test_batch_sharded_erm_with_keys_from_a_pcollection_equals_per_key_erm():
     events = _events(keys, steps)
 
     def run(shards):
-        def build(p):
-            declared = p | "keys" >> beam.Create([f"k{k}" for k in range(keys + 1)])
-            res = (p | beam.Create(events) | beam.Map(_stamp)
-                   | dpb.ContinualERM(features_fn=lambda e: [e[2] / 8.0, 0.5],
-                                      label_fn=lambda e: int(e[2]) % 2, classes=(0, 1),
-                                      n_features=2, feature_bound=1.0, lam=0.1, block_size=4,
-                                      base_size=8, epsilon=1.0, step=HOUR, start=0,
-                                      end=steps * HOUR, key_fn=lambda e: e[0], keys=declared,
-                                      noise_key=KEY, shards=shards))
-            return {"releases": res.releases, "accounting": res.accounting, "invalid": res.invalid}
-
-        out = collect(batch_options(), build)
-        return tuple(sorted(repr(r) for r in out[name]) for name in ("releases", "accounting", "invalid"))
+        return _erm_records(
+            events, steps, shards,
+            lambda p: p | "keys" >> beam.Create([f"k{k}" for k in range(keys + 1)]),
+            lambda e: [e[2] / 8.0, 0.5])
 
     per_key = run(0)
     assert per_key[0] and len(per_key[1]) == keys + 1 and per_key[2]
@@ -280,18 +288,7 @@ def test_batch_sharded_erm_releases_the_shards_that_no_point_reached(with_points
     events = events if with_points else []
 
     def run(n):
-        def build(p):
-            res = (p | beam.Create(events, reshuffle=False) | beam.Map(_stamp)
-                   | dpb.ContinualERM(features_fn=lambda e: [e[2] / 5.0, 0.5],
-                                      label_fn=lambda e: int(e[2]) % 2, classes=(0, 1),
-                                      n_features=2, feature_bound=1.0, lam=0.1, block_size=4,
-                                      base_size=8, epsilon=1.0, step=HOUR, start=0,
-                                      end=steps * HOUR, key_fn=lambda e: e[0], keys=declared,
-                                      noise_key=KEY, shards=n))
-            return {"releases": res.releases, "accounting": res.accounting, "invalid": res.invalid}
-
-        out = collect(batch_options(), build)
-        return tuple(sorted(repr(r) for r in out[name]) for name in ("releases", "accounting", "invalid"))
+        return _erm_records(events, steps, n, declared, lambda e: [e[2] / 5.0, 0.5])
 
     per_key = run(0)
     assert bool(per_key[0]) == with_points and len(per_key[1]) == keys
@@ -531,6 +528,10 @@ def test_timer_free_release_refuses_unbounded_input_and_stray_combine():
         release_in_order(None, spec, (), (), schedule=resolve_schedule(HOUR, 0, 4 * HOUR, None),
                          seeds=None, bounded=True, late="defer", seed=None, shards=0,
                          combine_fn=_SumCount())
+    with pytest.raises(ValueError, match="markers_aside needs routed_seeds"):
+        release_in_order(None, spec, (), (), schedule=resolve_schedule(HOUR, 0, 4 * HOUR, None),
+                         seeds=None, bounded=True, late="defer", seed=None, shards=2,
+                         combine_fn=_SumCount(), markers_aside=True)
 
 
 def test_a_spec_with_a_log_needs_the_logged_release_and_bounded_input_to_shard():
