@@ -245,7 +245,7 @@ def release_in_order(aggregates: beam.PCollection, spec: ReleaseSpec, plan: Iter
     else:
         released = opened | "Release" >> beam.ParDo(release_fn).with_outputs(
             ACCOUNTING, INVALID, main="releases")
-    return _result(released, plan, invalids, extra_releases, extra_accounting)
+    return _result((released,), plan, invalids, extra_releases, extra_accounting)
 
 
 def _release_sharded(opened, release_fn, shards, bounded):
@@ -276,7 +276,8 @@ def _release_totals(totals, seeds, release_fn, shards, combine_fn, routed_seeds=
     """The timer-free release of bounded partial totals that arrive routed to their shards
     (:class:`~dp_beam.transforms.steps.StepTotals`): the stream markers join them in the
     same shape (routed here unless ``routed_seeds``), and one grouping per shard brings
-    each shard its whole input.
+    each shard its whole input. Returns the outputs of the release's ``ParDo`` (two with
+    ``markers_aside``), for :func:`_result`.
 
     ``markers_aside`` (with ``routed_seeds``): the totals are grouped alone and the markers
     reach the release as a side input, the shards without totals being released by
@@ -284,7 +285,8 @@ def _release_totals(totals, seeds, release_fn, shards, combine_fn, routed_seeds=
     with the markers is a copy of all the totals in the in-process runner (it writes a
     flatten's inputs to a buffer and reads them back before the grouping), which costs
     where the totals are large (ERM's points); the two releases' outputs are flattened
-    instead, which costs little where releases are few."""
+    instead (by :func:`_result`, with the other outputs), which costs little where releases
+    are few."""
     if markers_aside:
         grouped = (totals
                    | "GroupShard" >> beam.GroupByKey()
@@ -295,26 +297,25 @@ def _release_totals(totals, seeds, release_fn, shards, combine_fn, routed_seeds=
             AbsentShardReleaseDoFn(release_fn, combine_fn),
             beam.pvalue.AsList(grouped[RELEASED_SHARDS])).with_outputs(
                 ACCOUNTING, INVALID, main="releases")
-        return {tag: (grouped[tag], absent[tag]) | f"Merge{tag.capitalize()}" >> beam.Flatten()
-                for tag in ("releases", ACCOUNTING, INVALID)}
+        return grouped, absent
     routed = seeds if routed_seeds else seeds | "ShardSeeds" >> beam.Map(
         _seed_entries, shards).with_output_types(Tuple[int, Any])
-    return ((totals, routed)
-            | "Open" >> beam.Flatten().with_output_types(Tuple[int, Any])
-            | "GroupShard" >> beam.GroupByKey()
-            | "Release" >> beam.ParDo(BatchShardReleaseDoFn(release_fn, combine_fn)).with_outputs(
-                ACCOUNTING, INVALID, main="releases"))
+    released = ((totals, routed)
+                | "Open" >> beam.Flatten().with_output_types(Tuple[int, Any])
+                | "GroupShard" >> beam.GroupByKey()
+                | "Release" >> beam.ParDo(BatchShardReleaseDoFn(release_fn, combine_fn)
+                                          ).with_outputs(ACCOUNTING, INVALID, main="releases"))
+    return (released,)
 
 
 def _result(released, plan, invalids, extra_releases, extra_accounting):
-    """The :class:`ContinualResult` of the release's outputs flattened with the other ones, the
-    plan attached to its accounting."""
-    invalid = tuple(invalids) + (released[INVALID],) | "Invalid" >> beam.Flatten()
-    releases = released["releases"]
-    if extra_releases:
-        releases = (releases,) + tuple(extra_releases) | "Releases" >> beam.Flatten()
-    accounting = released[ACCOUNTING]
-    if extra_accounting:
-        accounting = (accounting,) + tuple(extra_accounting) | "Accounting" >> beam.Flatten()
+    """The :class:`ContinualResult` of the outputs of the release (``released``: those of one
+    ``ParDo``, or of two) flattened with the other ones, the plan attached to its accounting."""
+    invalid = tuple(invalids) + tuple(r[INVALID] for r in released) | "Invalid" >> beam.Flatten()
+    releases = tuple(r.releases for r in released) + tuple(extra_releases)
+    releases = releases[0] if len(releases) == 1 else releases | "Releases" >> beam.Flatten()
+    accounting = tuple(r[ACCOUNTING] for r in released) + tuple(extra_accounting)
+    accounting = (accounting[0] if len(accounting) == 1
+                  else accounting | "Accounting" >> beam.Flatten())
     setattr(accounting, PLAN_ATTRIBUTE, tuple(plan))
     return ContinualResult(releases, accounting, invalid)
