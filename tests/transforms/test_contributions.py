@@ -1,6 +1,7 @@
 """Per-user contribution bounding (dp_beam.transforms.contributions)."""
 
 import apache_beam as beam
+import pytest
 from apache_beam import pvalue
 
 from dp_beam.transforms.contributions import BoundContributions, CountCapped
@@ -126,6 +127,41 @@ def test_the_bounded_stage_caps_keys_and_gathers_kept_events_per_bundle_by_shard
     # One element for the bundle's one shard: the kept events' totals per (key, step).
     ((shard, totals),) = [wv.value for wv in kept]
     assert shard == 0 and sorted(totals) == [("a", 0, 2), ("b", 1, 1)]
+
+
+@pytest.mark.parametrize("lifted", [False, True])
+def test_the_bounded_stage_keeps_every_event_of_a_user_within_the_cap(lifted, monkeypatch):
+    """A user with at most ``max_contributions`` events keeps them all; the stage then skips
+    the sort (planted: it must not be called), and what it keeps is what the sorting path
+    keeps with a cap one larger, up to the order of the kept elements."""
+    from dp_beam.transforms import contributions
+    from dp_beam.transforms.continual import _CountSteps
+    lists = [[("b", 2.0, 12.0), ("a", 3.0, 1.0)], [("a", 1.0, 12.0), ("c", 5.0, 40.0)]]
+
+    def stage(cap):
+        extra = dict(combine_fn=_CountSteps(), shards=2) if lifted else {}
+        return contributions.BoundContributionsBatch("t", max_contributions=cap,
+                                                     step_micros=STEP_MICROS, **extra)
+
+    def values(kept):
+        if lifted:
+            return sorted(t for wv in kept for t in wv.value[1])
+        return sorted((wv.value, wv.timestamp.micros) for wv in kept)
+
+    sorting = _batch_run(stage(5), {"u": lists})
+    monkeypatch.setattr(contributions, "sorted", lambda *a, **k: pytest.fail("sorted"),
+                        raising=False)
+    kept, dead, units = _batch_run(stage(4), {"u": lists})
+    assert dead == [] and units == [] and values(kept) == values(sorting[0])
+    if lifted:
+        assert values(kept) == [("a", 0, 1), ("a", 1, 1), ("b", 1, 1), ("c", 4, 1)]
+    else:
+        assert len(kept) == 4
+    # One event over the cap takes the sorting path: the latest event is refused.
+    monkeypatch.undo()
+    kept, dead, _ = _batch_run(stage(3), {"u": lists})
+    assert [r.reason for r in dead] == ["max_contributions (3) exceeded for user"]
+    assert dead[0].element["example"]["key"] == "c"
 
 
 def test_batch_validation_gathers_a_bundles_events_per_user(monkeypatch):
