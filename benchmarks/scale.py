@@ -33,6 +33,12 @@ on one runner in one invocation, the cases interleaved and the median of
   points so far, fitted by SciPy's L-BFGS-B from the previous model (what
   the ERM cases cost without privacy; the issue's measure is still the
   filled count);
+* ``points-d10``, ``points-d100``: the ERM case's points moved to their shard and
+  nothing else: per bundle, each event's time, features and label appended to the
+  float64 buffers of its (key, step) (the ERM transforms' packed form, without their
+  checks), the buffers grouped by the shard of their key and read back as arrays; no
+  order, no model. A pipeline training a model per key on these points moves them so
+  too (non-private; a reference, not a release);
 * ``plain-mean``: a non-private pipeline publishing the same user-level table as
   ``mean``: each user's events grouped and cut to its first ``max_samples_per_user``
   in time order, then per key, after a second GroupByKey, the running mean of the
@@ -67,7 +73,10 @@ time beyond it (the transform's own cost), and the ratios of those.
 engine-free (no Beam), on the same events (:func:`mechanism_seconds`,
 :func:`mean_mechanism_seconds`; medians of ``--repeats`` runs after the pipelines'), and
 the filled count's time over it, and over it plus the input stage when ``input`` is among
-the cases: the best ratio any pipeline around that mechanism could reach.
+the cases: the best ratio any pipeline around that mechanism could reach. With the
+``points-d…`` case of the same d among the cases, a further line gives the filled
+count's time over the points' time plus the mechanism's: the best ratio of a pipeline that
+groups each key's points on this runner and trains these models on them.
 
 ``--gc`` adds a line with every case's seconds in Python's garbage collector (medians),
 and ``--gc-freeze`` moves the in-memory events (and whatever else exists by then: imported
@@ -87,7 +96,7 @@ build the sharded count's pipeline for N declared keys and translate it to
 the runner API, against the non-private pipeline's.
 
     python benchmarks/scale.py [--keys 10,100,1000] [--steps 72] [--repeats 3]
-        [--cases per-key,sharded,sharded-blt,sum,user-count,mean,erm-d10,erm-d100,plain-erm-d10,plain-erm-d100,plain-mean,filled,input]
+        [--cases per-key,sharded,sharded-blt,sum,user-count,mean,erm-d10,erm-d100,plain-erm-d10,plain-erm-d100,points-d10,points-d100,plain-mean,filled,input]
         [--per-step 2] [--erm-block 8] [--array-features] [--floor] [--gc] [--gc-freeze]
         [--workers 2] [--mean-users 100,1000,10000,100000 [--mean-keys 10]]
         [--rss-keys 100000] [--state-keys 100000] [--build-keys 100000]
@@ -100,6 +109,7 @@ import os
 import pickle
 import resource
 import statistics
+import struct
 import subprocess
 import sys
 import tempfile
@@ -111,6 +121,7 @@ import apache_beam as beam  # noqa: E402
 import numpy as np  # noqa: E402
 from scipy import optimize, special  # noqa: E402
 from apache_beam.options.pipeline_options import PipelineOptions  # noqa: E402
+from apache_beam.transforms.window import GlobalWindows  # noqa: E402
 
 import dp_beam as dpb  # noqa: E402
 from dp_beam.mechanisms import BinaryTreeMechanism  # noqa: E402
@@ -123,7 +134,8 @@ from dp_beam.transforms.stream_keys import default_shards, shard_of  # noqa: E40
 
 HOUR = 3600.0
 CASES = ("per-key", "sharded", "sharded-blt", "sum", "user-count", "mean", "plain-mean", "erm-d10",
-         "erm-d100", "plain-erm-d10", "plain-erm-d100", "filled", "input")
+         "erm-d100", "plain-erm-d10", "plain-erm-d100", "points-d10", "points-d100", "filled",
+         "input")
 #: The ERM cases' default block size (``--erm-block``) and their λ.
 ERM_BLOCK, ERM_LAMBDA = 8, 0.1
 #: Events per user on the mean's users axis (``--mean-users``).
@@ -231,6 +243,59 @@ def _label(event):
     return int(event[2]) % 2
 
 
+class _GatherPoints(beam.DoFn):
+    """Non-private, the ``points-d…`` cases: each event's time, features (the ERM case's
+    :class:`_Features`, as lists) and label appended to its (key, step)'s buffers over the
+    bundle, float64 rows as in the ERM transforms' packed form, and sent on at the bundle's
+    end grouped by the shard of their key, ``(shard, [(key, step, times, rows, labels),
+    ...])``. No checks, no order, no model: what moving a key's points to one place costs."""
+
+    def __init__(self, dim, shards):
+        self._dim, self._shards = dim, shards
+
+    def setup(self):
+        self._features = _Features(self._dim)
+        self._row, self._time = struct.Struct(f"<{self._dim}d"), struct.Struct("<d")
+
+    def start_bundle(self):
+        self._table = {}
+
+    def process(self, e):
+        slot = (e[0], int(e[1] // HOUR))
+        entry = self._table.get(slot)
+        if entry is None:
+            entry = self._table[slot] = (bytearray(), bytearray(), [])
+        entry[0].extend(self._time.pack(e[1]))
+        entry[1].extend(self._row.pack(*self._features(e)))
+        entry[2].append(_label(e))
+
+    def finish_bundle(self):
+        by_shard = {}
+        for (key, step), (times, rows, labels) in self._table.items():
+            by_shard.setdefault(shard_of(key, self._shards), []).append(
+                (key, step, bytes(times), bytes(rows), labels))
+        self._table = {}
+        for shard, items in by_shard.items():
+            yield GlobalWindows.windowed_value((shard, items))
+
+
+class _ReadPoints(beam.DoFn):
+    """Non-private, the ``points-d…`` cases: a shard's points read back as ``(n, d)`` arrays
+    (what a release reads), ``(shard, points)``."""
+
+    def __init__(self, dim):
+        self._dim = dim
+
+    def process(self, element):
+        shard, lists = element
+        points = 0
+        for items in lists:
+            for _, _, times, rows, labels in items:
+                matrix = np.frombuffer(rows, dtype="<f8").reshape(-1, self._dim)
+                points += matrix.shape[0]
+        yield shard, points
+
+
 class _PlainERM(beam.DoFn):
     """Non-private: a key's logistic model (L2 penalty λ‖θ‖², intercept) after every block of
     points, each fit on all points so far by L-BFGS-B, warm-started from the last model."""
@@ -312,6 +377,10 @@ def run_once(case, keys, steps, events, flags=(), sink=None, max_users=None, erm
         _ = (stamped | beam.Map(lambda e: (_user_of(e), e)) | "PerUser" >> beam.GroupByKey()
              | beam.FlatMap(_capped, steps) | "PerKey" >> beam.GroupByKey()
              | beam.ParDo(_PlainMean(steps)))
+    elif case.startswith("points-d"):
+        dim = int(case[len("points-d"):])
+        _ = (stamped | beam.ParDo(_GatherPoints(dim, default_shards(keys, bounded=True)))
+             | "PerShard" >> beam.GroupByKey() | beam.ParDo(_ReadPoints(dim)))
     elif case.startswith("plain-erm-d"):
         _ = (stamped | beam.Map(lambda e: (e[0], e)) | beam.GroupByKey()
              | beam.ParDo(_PlainERM(int(case[len("plain-erm-d"):]), erm_block, array_features)))
@@ -423,6 +492,15 @@ def floor_line(case, filled, floor, base=None):
     return (f"{case} mechanism alone, no Beam ({floor[2]:,} {unit}): {floor[0]:.2f} s "
             f"({floor[1]:.2f}); at best filled / it {filled[0] / floor[0]:.2f} "
             f"({filled[1] / floor[1]:.2f}){bound}")
+
+
+def points_line(case, filled, points, mechanism):
+    """The ``--floor`` line of an ERM case whose points were also moved alone (``points-d…``,
+    the same d): the filled count's wall time over the time of moving the points to their
+    shard plus the mechanism's. A pipeline that groups each key's points and trains these
+    models on them takes at least both on this runner, so this bounds its ratio."""
+    return (f"{case} with its points moved alone ({points:.2f} s): at best filled / "
+            f"(points + mechanism) {filled / (points + mechanism):.2f}")
 
 
 def input_line(cases, seconds):
@@ -605,7 +683,13 @@ def main(argv=None):
         # Every private case against the same run's filled count (the issue's measure).
         print(f"{keys:>6} | / filled, wall (cpu): " + ", ".join(
             f"{c} {rate[c] / rate['filled']:.2f} ({crate[c] / crate['filled']:.2f})"
-            for c in cases if c not in ("filled", "input") and not c.startswith("plain-")), flush=True)
+            for c in cases if c not in ("filled", "input") and not c.startswith(("plain-", "points-"))),
+            flush=True)
+        moved = [c for c in cases if c.startswith("points-")]
+        if moved:
+            print(f"{keys:>6} | points moved alone / filled, wall (cpu): " + ", ".join(
+                f"{c} {rate[c] / rate['filled']:.2f} ({crate[c] / crate['filled']:.2f})"
+                for c in moved), flush=True)
         if args.gc:
             print(f"{keys:>6} | garbage collection, s: " + ", ".join(
                 f"{c} {statistics.median(collecting[c]):.2f}" for c in cases), flush=True)
@@ -623,6 +707,10 @@ def main(argv=None):
                     floor = (statistics.median(r[0] for r in runs),
                              statistics.median(r[1] for r in runs), runs[0][2])
                     print(f"{keys:>6} | " + floor_line(c, filled, floor, base), flush=True)
+                    points = "points-" + c[len("erm-"):]
+                    if points in cases:
+                        print(f"{keys:>6} | " + points_line(
+                            c, filled[0], statistics.median(wall[points]), floor[0]), flush=True)
         for c in cases:
             if c.startswith("plain-") and c[len("plain-"):] in cases:
                 # A private case against the non-private pipeline publishing the same values.

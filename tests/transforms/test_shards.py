@@ -863,6 +863,48 @@ def test_the_scale_benchmark_floor_does_the_work_of_the_transforms(capsys):
 
 
 
+def test_the_scale_benchmark_moves_the_erm_points_alone(capsys):
+    """benchmarks/scale.py points-d…: a bundle's buffers hold every event's time, features and
+    label, per (key, step) under the shard of the key; the pipeline reads back every point;
+    with --floor a line bounds the ERM case of the same d by the points' time."""
+    module = _benchmark("scale")
+    events = module.events_for(3, 2, 5)
+    gather = module._GatherPoints(10, 2)
+    gather.setup()
+    gather.start_bundle()
+    for e in events:
+        gather.process(e)
+    out = [wv.value for wv in gather.finish_bundle()]
+    features = module._Features(10)
+    seen = []
+    for shard, items in out:
+        for key, step, times, rows, labels in items:
+            assert shard == module.shard_of(key, 2)
+            matrix = np.frombuffer(rows, dtype="<f8").reshape(-1, 10)
+            mine = [e for e in events if e[0] == key and int(e[1] // module.HOUR) == step]
+            assert np.frombuffer(times, dtype="<f8").tolist() == [e[1] for e in mine]
+            assert matrix.tolist() == [features(e) for e in mine]
+            assert labels == [module._label(e) for e in mine]
+            seen.extend(mine)
+    assert sorted(seen) == sorted(events)
+    assert list(module._ReadPoints(10).process((0, [[("k0", 0, b"", bytes(160), [0, 1])]]))) == [
+        (0, 2)]
+
+    def build(p):
+        return {"read": p | beam.Create(events) | beam.ParDo(module._GatherPoints(10, 2))
+                | beam.GroupByKey() | beam.ParDo(module._ReadPoints(10))}
+
+    assert sum(n for _, n in collect(batch_options(), build)["read"]) == len(events)
+    module.main(["--keys", "2", "--steps", "4", "--repeats", "1", "--per-step", "4",
+                 "--erm-block", "4", "--cases", "sharded,erm-d10,points-d10,filled", "--floor",
+                 "--state-keys", "0"])
+    out = capsys.readouterr().out
+    assert len([row for row in out.splitlines()
+                if "points moved alone / filled" in row and "points-d10 " in row]) == 1
+    assert len([row for row in out.splitlines()
+                if "erm-d10 with its points moved alone" in row]) == 1
+
+
 def test_the_lockstep_benchmark_checks_that_both_ways_release_the_same(capsys, monkeypatch):
     """benchmarks/lockstep.py: one row per case, and a run whose streams stepped together
     released other values than one by one is refused."""
