@@ -248,7 +248,9 @@ class _GatherPoints(beam.DoFn):
     :class:`_Features`, as lists) and label appended to its (key, step)'s buffers over the
     bundle, float64 rows as in the ERM transforms' packed form, and sent on at the bundle's
     end grouped by the shard of their key, ``(shard, [(key, step, times, rows, labels),
-    ...])``. No checks, no order, no model: what moving a key's points to one place costs."""
+    ...])``. No checks, no order, no model: what moving a key's points to one place costs.
+    Unlike the transform's (``MAX_BUNDLE_POINTS``), the table has no bound: a bundle sends
+    each (key, step) once, the fewest elements a grouping can be given."""
 
     def __init__(self, dim, shards):
         self._dim, self._shards = dim, shards
