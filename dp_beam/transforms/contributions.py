@@ -199,24 +199,31 @@ class BoundContributionsBatch(BundleTotals, _UserBound):
 
     def process(self, element):
         user, lists = element
-        cap, max_keys = self._cap, self._max_keys
         events = list(itertools.chain.from_iterable(lists))
-        if max_keys is None and len(events) <= cap:
+        if self._max_keys is None and len(events) <= self._cap:
             # Within the cap every event is kept, in any order: the order only decides which
             # events a cap refuses, and what the kept ones add up to is exact in any order
             # (counts; exact sums). Sorting by event_order took a user's share of the
             # stage's time for nothing then.
-            if self._lifted:
-                add = self._totals.add
-                for key, value, micros in events:
-                    yield from add(key, micros, value)
-            else:
-                for key, value, micros in events:
-                    yield global_element((key, value), timestamp_of_micros(micros))
-            return
-        used, seen, over = 0, [], []
+            kept = events
+        else:
+            kept = yield from self._within_caps(user, events)
+        if self._lifted:
+            add = self._totals.add
+            for key, value, micros in kept:
+                yield from add(key, micros, value)
+        else:
+            for key, value, micros in kept:
+                yield global_element((key, value), timestamp_of_micros(micros))
+
+    def _within_caps(self, user, events):
+        """Yields the ``units`` of ``user``'s first events under a key (with ``max_keys``) and
+        the dead letters of the events beyond a cap; returns the kept events, the first in
+        :func:`event_order` within the caps."""
+        cap, max_keys = self._cap, self._max_keys
+        kept, seen, over = [], [], []
         for key, value, micros in sorted(events, key=event_order):
-            if used >= cap:
+            if len(kept) >= cap:
                 over.append(self._past_cap(user, key, value, micros))
                 continue
             if max_keys is not None and key not in seen:
@@ -225,13 +232,10 @@ class BoundContributionsBatch(BundleTotals, _UserBound):
                     continue
                 seen.append(key)
                 yield pvalue.TaggedOutput("units", (key, micros / 1e6))
-            used += 1
-            if self._lifted:
-                yield from self._totals.add(key, micros, value)
-            else:
-                yield global_element((key, value), timestamp_of_micros(micros))
+            kept.append((key, value, micros))
         for record in capped_records(self._transform, over):
             yield pvalue.TaggedOutput(INVALID, record)
+        return kept
 
 
 class _CountAndExample(beam.CombineFn):
