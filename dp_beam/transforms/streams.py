@@ -288,24 +288,24 @@ def _release_totals(totals, seeds, release_fn, shards, combine_fn, routed_seeds=
     instead (by :func:`_result`, with the other outputs), which costs little where releases
     are few."""
     if markers_aside:
-        grouped = (totals
-                   | "GroupShard" >> beam.GroupByKey()
-                   | "Release" >> beam.ParDo(BatchShardReleaseDoFn(release_fn, combine_fn),
-                                             markers=beam.pvalue.AsDict(seeds)).with_outputs(
-                       ACCOUNTING, INVALID, RELEASED_SHARDS, main="releases"))
-        absent = seeds | "ReleaseAbsent" >> beam.ParDo(
-            AbsentShardReleaseDoFn(release_fn, combine_fn),
-            beam.pvalue.AsList(grouped[RELEASED_SHARDS])).with_outputs(
-                ACCOUNTING, INVALID, main="releases")
-        return grouped, absent
-    routed = seeds if routed_seeds else seeds | "ShardSeeds" >> beam.Map(
-        _seed_entries, shards).with_output_types(Tuple[int, Any])
-    released = ((totals, routed)
-                | "Open" >> beam.Flatten().with_output_types(Tuple[int, Any])
+        grouping, side, tags = totals, {"markers": beam.pvalue.AsDict(seeds)}, (RELEASED_SHARDS,)
+    else:
+        routed = seeds if routed_seeds else seeds | "ShardSeeds" >> beam.Map(
+            _seed_entries, shards).with_output_types(Tuple[int, Any])
+        grouping = ((totals, routed)
+                    | "Open" >> beam.Flatten().with_output_types(Tuple[int, Any]))
+        side, tags = {}, ()
+    released = (grouping
                 | "GroupShard" >> beam.GroupByKey()
-                | "Release" >> beam.ParDo(BatchShardReleaseDoFn(release_fn, combine_fn)
-                                          ).with_outputs(ACCOUNTING, INVALID, main="releases"))
-    return (released,)
+                | "Release" >> beam.ParDo(BatchShardReleaseDoFn(release_fn, combine_fn), **side)
+                .with_outputs(ACCOUNTING, INVALID, *tags, main="releases"))
+    if not markers_aside:
+        return (released,)
+    absent = seeds | "ReleaseAbsent" >> beam.ParDo(
+        AbsentShardReleaseDoFn(release_fn, combine_fn),
+        beam.pvalue.AsList(released[RELEASED_SHARDS])).with_outputs(
+            ACCOUNTING, INVALID, main="releases")
+    return released, absent
 
 
 def _result(released, plan, invalids, extra_releases, extra_accounting):
