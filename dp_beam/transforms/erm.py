@@ -213,21 +213,20 @@ class ERMReleaseSpec(ReleaseSpec):
 
     def _feed(self, mechanism, key, aggregate):
         """The stream's releases on a step's points, fed to it in release order."""
-        if type(aggregate) is PointBatch and len(aggregate) >= _ARRAY_POINTS:
-            # A wide step's features stay in the batch's buffer: unpacking every row into a
-            # tuple of floats only to sort the points took a sixth of the release at d = 100.
-            order = self._batch_order(aggregate)
-            if order is not None:
-                labels = aggregate.labels()
-                # Its rows are the points' features as float64, without a float object each.
-                return mechanism.extend(aggregate.matrix()[order], [labels[i] for i in order])
-        points, order = self._order(key, list(aggregate))
-        labels = [points[i][3] for i in order]
-        if len(points) < _ARRAY_POINTS:
-            return [rel for i in order for rel in mechanism.push(points[i][2], points[i][3])]
-        if type(aggregate) is PointBatch:
-            return mechanism.extend(aggregate.matrix()[order], labels)
-        return mechanism.extend(np.array([points[i][2] for i in order], dtype=np.float64), labels)
+        batch = type(aggregate) is PointBatch
+        # A wide step's features stay in the batch's buffer: unpacking every row into a tuple
+        # of floats only to sort the points took a sixth of the release at d = 100.
+        order = self._batch_order(aggregate) if batch and len(aggregate) >= _ARRAY_POINTS else None
+        if order is None:
+            points, order = self._order(key, list(aggregate))
+            if len(points) < _ARRAY_POINTS:
+                return [rel for i in order for rel in mechanism.push(points[i][2], points[i][3])]
+            if not batch:
+                return mechanism.extend(np.array([points[i][2] for i in order], dtype=np.float64),
+                                        [points[i][3] for i in order])
+        labels = aggregate.labels()
+        # Its rows are the points' features as float64, without a float object each.
+        return mechanism.extend(aggregate.matrix()[order], [labels[i] for i in order])
 
     def release(self, mechanism, key, step, aggregate):
         bs = mechanism.block_size
