@@ -5,7 +5,7 @@ A step is ``timestamp.micros // step_micros``: the epoch-aligned grid of
 (bounded) paths of :func:`per_step` agree on every event's step.
 """
 
-from typing import Any, Callable, Iterable, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Iterable, Iterator, List, Optional, Sequence, Tuple
 
 import apache_beam as beam
 from apache_beam.transforms.window import FixedWindows, GlobalWindow, GlobalWindows
@@ -61,43 +61,67 @@ def timestamp_of_micros(micros: int) -> Timestamp:
 
 class UserEvents:
     """A bundle's valid events gathered per user, for the grouping by user that follows:
-    ``(user, [event, ...])`` elements, each user's events in the order they came.
+    ``(user, [event, ...])`` elements, each user's events in the order they came, the users
+    in the order of their first event.
 
     An element per event would cost the runner a dispatch, an encoding and a decoding
     per event on its way through the grouping; gathered, that is paid per user and
     bundle. The owner sends the table on at the bundle's end, or once :meth:`add` says it
     holds ``limit`` events (a bound on the bundle's memory), as global-window elements
     stamped at the earliest of their times (:meth:`elements`).
+
+    The table holds the events in one list in arrival order, each with the position of
+    its user's previous event, and no container per user; a user's list is made as its
+    element is sent on, and the elements are made one at a time as the runner takes them.
+    A list per user kept until the table was sent on, and the table's elements all made
+    at once, outlived the garbage collector's young generations; every few tens of
+    thousands of such survivors set off a full pass over everything the process holds
+    (README, *Releases with many keys*).
+
+    >>> table = UserEvents(limit=4)
+    >>> table.add("u", "a", 3), table.add("v", "b", 1), table.add("u", "c", 2)
+    (False, False, False)
+    >>> [wv.value for wv in table.elements()], table.elements().__class__.__name__
+    ([('u', ['a', 'c']), ('v', ['b'])], 'generator')
     """
 
-    __slots__ = ("_limit", "_users", "_held", "_earliest")
+    __slots__ = ("_limit", "_rows", "_previous", "_last", "_earliest")
 
     def __init__(self, limit: int) -> None:
         self._limit = limit
-        self._users: dict = {}
-        self._held = 0
+        self._rows: list = []
+        self._previous: List[int] = []
+        self._last: dict = {}
         self._earliest = None
 
     def add(self, user: Any, event: Any, when: Any) -> bool:
         """Adds ``user``'s ``event`` at ``when`` (comparable with the other times); True once
         the table holds ``limit`` events."""
-        events = self._users.get(user)
-        if events is None:
-            self._users[user] = [event]
-        else:
-            events.append(event)
+        rows, last = self._rows, self._last
+        self._previous.append(last.get(user, -1))
+        last[user] = len(rows)
+        rows.append(event)
         if self._earliest is None or when < self._earliest:
             self._earliest = when
-        self._held += 1
-        return self._held >= self._limit
+        return len(rows) >= self._limit
 
-    def elements(self, stamp: Callable[[Any], Timestamp] = _same_time) -> List[WindowedValue]:
+    def elements(self, stamp: Callable[[Any], Timestamp] = _same_time) -> Iterator[WindowedValue]:
         """The gathered ``(user, events)``, each in the global window at ``stamp`` of the
-        earliest time (the identity for times that are Beam timestamps)."""
-        if not self._users:
-            return []
-        earliest = stamp(self._earliest)
-        return [global_element(kv, earliest) for kv in self._users.items()]
+        earliest time (the identity for times that are Beam timestamps), made as they are
+        taken."""
+        if not self._rows:
+            return iter(())
+        return self._elements(stamp(self._earliest))
+
+    def _elements(self, earliest: Timestamp) -> Iterator[WindowedValue]:
+        rows, previous = self._rows, self._previous
+        for user, i in self._last.items():
+            events = []
+            while i >= 0:
+                events.append(rows[i])
+                i = previous[i]
+            events.reverse()
+            yield global_element((user, events), earliest)
 
 
 class BundleUserEvents:
@@ -118,7 +142,7 @@ class BundleUserEvents:
     def start_bundle(self):
         self._gathered = UserEvents(self._user_events_bound())
 
-    def _gather(self, user: Any, event: Any, when: Any) -> Sequence[WindowedValue]:
+    def _gather(self, user: Any, event: Any, when: Any) -> Iterable[WindowedValue]:
         """Adds ``user``'s ``event`` at ``when``; the table's elements once it is full."""
         if self._gathered.add(user, event, when):
             return self.finish_bundle()

@@ -182,4 +182,4 @@ def test_batch_validation_gathers_a_bundles_events_per_user(monkeypatch):
     assert {wv.timestamp.micros for wv in outs[3]} == {2_500_000}
     (last,) = dofn.finish_bundle()
     assert last.value == ("y", [("a", 1.0, 9_000_000)]) and last.timestamp.micros == 9_000_000
-    assert dofn.finish_bundle() == []
+    assert list(dofn.finish_bundle()) == []

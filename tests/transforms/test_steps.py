@@ -1,6 +1,8 @@
 """Per-step keying (steps.py): every DoFn puts an event or aggregate on the epoch-aligned step
 grid of ``FixedWindows(step)``, and ``per_step``'s batch and windowed paths agree."""
 
+import gc
+
 import apache_beam as beam
 import pytest
 from apache_beam.testing.util import assert_that, equal_to
@@ -84,6 +86,46 @@ def test_step_totals_leave_grouped_by_the_shard_of_their_key():
     for bad in (0, -1, 1.5, True, None):
         with pytest.raises(ValueError, match="shards"):
             StepTotals(beam.combiners.CountCombineFn(), MICROS, shards=bad)
+
+
+def _tracked_reachable(root):
+    """The garbage-collected containers reachable from ``root`` (itself included)."""
+    seen, todo = {id(root): root}, [root]
+    while todo:
+        for ref in gc.get_referents(todo.pop()):
+            if gc.is_tracked(ref) and id(ref) not in seen and not isinstance(ref, type):
+                seen[id(ref)] = ref
+                todo.append(ref)
+    return len(seen)
+
+
+def test_user_events_keep_each_users_order_and_no_container_per_user():
+    table = steps.UserEvents(limit=10_000)
+    events = [(f"u{i % 7}", ("k", float(i), i), 100 - i) for i in range(50)]
+    full = [table.add(user, event, when) for user, event, when in events]
+    assert not any(full) and table.add("u0", ("k", 0.0, 0), 99) is False
+    out = table.elements(lambda when: Timestamp(micros=when))
+    assert not isinstance(out, (list, tuple))  # made as the runner takes them
+    got = [(wv.value, wv.timestamp.micros, wv.windows) for wv in out]
+    # Users in the order of their first event, each user's events in the order they came.
+    want = {}
+    for user, event, _ in events + [("u0", ("k", 0.0, 0), 99)]:
+        want.setdefault(user, []).append(event)
+    assert [value for value, _, _ in got] == list(want.items())
+    assert {(micros, windows) for _, micros, windows in got} == {(51, (GlobalWindow(),))}
+    assert list(steps.UserEvents(limit=3).elements()) == []
+
+    # What the table holds does not grow a container per user: with the tuples the collector
+    # untracks (atomic contents) untracked, as a collection leaves them, the same number of
+    # tracked containers for 10 users as for 1,000 (a list per user made it 1,000 more).
+    def tracked(users):
+        t = steps.UserEvents(limit=10 ** 6)
+        for i in range(3 * users):
+            t.add(("user", i % users), ("k", 1.0, i), i)
+        gc.collect()
+        return _tracked_reachable(t)
+
+    assert tracked(1_000) == tracked(10)
 
 
 def test_prepare_step_totals_validates_like_prepare_events():
