@@ -353,8 +353,8 @@ class WithholdReleaseTotals(WithholdReleaseBatch):
         if len(table) >= MAX_BUNDLE_STEPS:
             # Beam's eviction: the oldest entries until a tenth of the table has left.
             n = len(table)
-            out = by_shard([(slot, table.pop(slot))
-                            for slot in list(itertools.islice(table, n - n * 9 // 10))],
+            out = by_shard({slot: table.pop(slot)
+                            for slot in list(itertools.islice(table, n - n * 9 // 10))},
                            self._shards, self._step_micros, compacted)
         # The first aggregate of a (key, step) becomes its accumulator: the stage made it and
         # holds it nowhere else, and its fields are what merging it into an empty one gives.
@@ -365,5 +365,5 @@ class WithholdReleaseTotals(WithholdReleaseBatch):
 
     def finish_bundle(self):
         table, self._table = self._table, {}
-        return by_shard(table.items(), self._shards, self._step_micros, compacted)
+        return by_shard(table, self._shards, self._step_micros, compacted)
 

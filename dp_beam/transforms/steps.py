@@ -5,7 +5,7 @@ A step is ``timestamp.micros // step_micros``: the epoch-aligned grid of
 (bounded) paths of :func:`per_step` agree on every event's step.
 """
 
-from typing import Any, Callable, Iterable, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Mapping, Optional, Tuple
 
 import apache_beam as beam
 from apache_beam.transforms.window import FixedWindows, GlobalWindow, GlobalWindows
@@ -195,7 +195,7 @@ class StepTotals:
         overridden = type(combine_fn).compact is not beam.CombineFn.compact
         self._compact = combine_fn.compact if overridden else None
 
-    def add(self, key: Any, micros: int, value: Any) -> Sequence[WindowedValue]:
+    def add(self, key: Any, micros: int, value: Any) -> Iterable[WindowedValue]:
         """Adds an event at ``micros``; returns what to emit now (nothing, or the whole table
         once it holds :data:`MAX_BUNDLE_TOTALS` entries or ``max_inputs`` inputs)."""
         slot = (key, micros // self._step_micros)
@@ -212,12 +212,12 @@ class StepTotals:
                 return self.flush()
         return ()
 
-    def flush(self) -> List[WindowedValue]:
+    def flush(self) -> Iterator[WindowedValue]:
         """The gathered accumulators, one global-window element per shard; the table starts
         empty again."""
         accumulators, self._accumulators = self._accumulators, {}
         self._inputs = 0
-        return by_shard(accumulators.items(), self._shards, self._step_micros, self._compact)
+        return by_shard(accumulators, self._shards, self._step_micros, self._compact)
 
 
 def shard_count(shards: Any) -> int:
@@ -227,26 +227,45 @@ def shard_count(shards: Any) -> int:
     return shards
 
 
-def by_shard(entries: Iterable[Tuple[Tuple[Any, int], Any]], shards: int,
-             step_micros: int, compact: Optional[Callable[[Any], Any]] = None
-             ) -> List[WindowedValue]:
-    """``((key, step), accumulator)`` entries as one global-window element per shard,
-    ``(shard, [(key, step, accumulator), ...])`` with the shard's entries in their order,
-    stamped at the end of its earliest step: what a bundle sends to the batch release.
-    ``compact``: applied to each accumulator first (the combine's ``compact``)."""
-    shard_entries = {}
-    for (key, step), acc in entries:
-        if compact is not None:
-            acc = compact(acc)
+def by_shard(table: Mapping[Tuple[Any, int], Any], shards: int, step_micros: int,
+             compact: Optional[Callable[[Any], Any]] = None) -> Iterator[WindowedValue]:
+    """The entries of ``table``, ``{(key, step): accumulator}``, as one global-window element
+    per shard, ``(shard, [(key, step, accumulator), ...])``, the shards in the order of their
+    first entry and each shard's entries in the table's order, stamped at the end of its
+    earliest step: what a bundle sends to the batch release. ``compact``: applied to each
+    accumulator first (the combine's ``compact``).
+
+    The entries are routed to their shards at once, but each shard's list (and its
+    compacted accumulators) is made as its element is taken. Made all at once, the lists of
+    a table of 100,000 aggregates of the mean outlived the garbage collector's young
+    generations (a tuple holding a dict is never untracked) and set off a full collection
+    every few tens of thousands of them. Later changes to ``table`` do not change the
+    elements.
+
+    >>> [wv.value for wv in by_shard({("a", 0): 1, ("b", 0): 2, ("a", 1): 3}, 1, 10)]
+    [(0, [('a', 0, 1), ('b', 0, 2), ('a', 1, 3)])]
+    """
+    slots, accumulators = list(table), list(table.values())
+    positions: Dict[int, List[int]] = {}
+    for i, (key, _) in enumerate(slots):
         shard = shard_of(key, shards)
-        got = shard_entries.get(shard)
+        got = positions.get(shard)
         if got is None:
-            shard_entries[shard] = [(key, step, acc)]
+            positions[shard] = [i]
         else:
-            got.append((key, step, acc))
-    return [global_element((shard, got),
-                           Timestamp(micros=(min(e[1] for e in got) + 1) * step_micros - 1))
-            for shard, got in shard_entries.items()]
+            got.append(i)
+    return _shard_elements(slots, accumulators, positions, step_micros, compact)
+
+
+def _shard_elements(slots, accumulators, positions, step_micros, compact):
+    for shard, got in positions.items():
+        entries = []
+        for i in got:
+            key, step = slots[i]
+            acc = accumulators[i]
+            entries.append((key, step, acc if compact is None else compact(acc)))
+        earliest = min(slots[i][1] for i in got)
+        yield global_element((shard, entries), Timestamp(micros=(earliest + 1) * step_micros - 1))
 
 
 class BundleTotals:

@@ -38,10 +38,10 @@ def test_step_totals_merge_a_bundle_per_key_and_step_and_flush_when_full(monkeyp
     totals = StepTotals(beam.combiners.CountCombineFn(), MICROS, shards=1)
     assert totals.add("a", 1, "x") == () and totals.add("a", 2, "y") == ()
     assert totals.add("b", 1, "z") == ()
-    flushed = totals.add("a", MICROS, "w")      # a third (key, step): the table is emptied
+    flushed = list(totals.add("a", MICROS, "w"))  # a third (key, step): the table is emptied
     assert [wv.value[0] for wv in flushed] == [0]
     assert sorted(flushed[0].value[1]) == [("a", 0, 2), ("a", 1, 1), ("b", 0, 1)]
-    assert totals.flush() == []
+    assert list(totals.flush()) == []
 
 
 class _Compacting(beam.combiners.CountCombineFn):
@@ -61,7 +61,7 @@ def test_step_totals_compact_an_accumulator_as_it_leaves_only_when_the_combine_s
     totals = StepTotals(beam.combiners.CountCombineFn(), MICROS, shards=1)
     totals._fn.compact = lambda acc: calls.append(acc) or acc
     totals.add("a", 1, "x")
-    assert totals.flush()[0].value == (0, [("a", 0, 1)]) and calls == []
+    assert list(totals.flush())[0].value == (0, [("a", 0, 1)]) and calls == []
 
 
 def test_step_totals_leave_grouped_by_the_shard_of_their_key():
@@ -74,7 +74,7 @@ def test_step_totals_leave_grouped_by_the_shard_of_their_key():
     for i, key in enumerate(keys):
         totals.add(key, (i % 3) * MICROS, "x")
         totals.add(key, (i % 3) * MICROS + 5, "y")
-    flushed = totals.flush()
+    flushed = list(totals.flush())
     shards = [wv.value[0] for wv in flushed]
     assert len(shards) == len(set(shards)) == len({shard_of(k, 4) for k in keys})
     for wv in flushed:
@@ -86,6 +86,26 @@ def test_step_totals_leave_grouped_by_the_shard_of_their_key():
     for bad in (0, -1, 1.5, True, None):
         with pytest.raises(ValueError, match="shards"):
             StepTotals(beam.combiners.CountCombineFn(), MICROS, shards=bad)
+
+
+def test_by_shard_routes_at_once_and_makes_each_shards_list_as_it_is_taken():
+    from dp_beam.transforms.stream_keys import shard_of
+    table = {(f"k{i}", i % 3): i for i in range(40)}
+    want = {}
+    for (key, step), acc in table.items():     # shards by first entry, entries in table order
+        want.setdefault(shard_of(key, 4), []).append((key, step, acc * 10))
+    calls = []
+    out = steps.by_shard(table, 4, MICROS, compact=lambda acc: calls.append(acc) or acc * 10)
+    table.clear()                               # later changes do not change the elements
+    assert calls == []
+    first = next(out)
+    assert calls == [acc // 10 for _, _, acc in first.value[1]]  # only the shard taken
+    got = [first] + list(out)
+    assert [wv.value for wv in got] == list(want.items())
+    assert [wv.timestamp.micros for wv in got] == [
+        (min(step for _, step, _ in entries) + 1) * MICROS - 1 for entries in want.values()]
+    assert all(wv.windows == (GlobalWindow(),) for wv in got)
+    assert list(steps.by_shard({}, 4, MICROS)) == []
 
 
 def _tracked_reachable(root):
