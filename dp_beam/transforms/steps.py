@@ -239,8 +239,9 @@ def by_shard(table: Mapping[Tuple[Any, int], Any], shards: int, step_micros: int
     compacted accumulators) is made as its element is taken. Made all at once, the lists of
     a table of 100,000 aggregates of the mean outlived the garbage collector's young
     generations (a tuple holding a dict is never untracked) and set off a full collection
-    every few tens of thousands of them. Later changes to ``table`` do not change the
-    elements.
+    every few tens of thousands of them. Entries added to or taken from ``table`` later do
+    not change the elements; an accumulator is read (and compacted) when its shard's element
+    is taken, so the callers hand over accumulators that nothing changes any more.
 
     >>> [wv.value for wv in by_shard({("a", 0): 1, ("b", 0): 2, ("a", 1): 3}, 1, 10)]
     [(0, [('a', 0, 1), ('b', 0, 2), ('a', 1, 3)])]
